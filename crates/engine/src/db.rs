@@ -1,0 +1,549 @@
+//! The database handle: the write path (value log + memtable), the read path
+//! (memtable, then each level through the level index, Bloom filters and the
+//! keytable cache, then one device read for the value), snapshots, batches
+//! and statistics. Background work lives in `maint.rs`, `gc.rs`, recovery in
+//! `recovery.rs`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use flash::{Device, FlashStore, SegmentId};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::error::{Error, Result};
+use crate::iter::{EntryIter, LevelIter, MergeIter};
+use crate::memtable::Memtable;
+use crate::options::{Durability, Options};
+use crate::record::{FLAG_RELOCATED, KIND_DELETE, KIND_PUT};
+use crate::stats::{Counters, Stats};
+use crate::types::{Entry, Kind, SeqNo};
+use crate::version::{ReadCtx, SegmentRef, Version};
+use crate::vlog::{LogPosition, LogRecord, ValueLog};
+
+/// One operation of an atomic write batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchOp {
+    /// Set `key` to `value`.
+    Put(Bytes, Bytes),
+    /// Delete `key`.
+    Delete(Bytes),
+}
+
+/// The memtables and levels a reader sees, swapped atomically.
+pub(crate) struct SuperVersion {
+    pub(crate) mem: Arc<Memtable>,
+    pub(crate) imm: Option<Arc<Memtable>>,
+    pub(crate) version: Arc<Version>,
+}
+
+/// State owned by background work (serialized by `DbInner::maint`).
+pub(crate) struct MaintState {
+    pub(crate) boot: u64,
+    pub(crate) next_keytable_id: u64,
+    /// Keytable segment being filled and the next free page in it.
+    pub(crate) kt_seg: Option<(Arc<SegmentRef>, u32)>,
+    /// Log position and last sequence of the last flushed memtable.
+    pub(crate) replay: LogPosition,
+    pub(crate) flushed_seq: SeqNo,
+    /// Position captured when `imm` was frozen.
+    pub(crate) imm_replay: Option<(LogPosition, SeqNo)>,
+    /// GC victims whose live values were re-inserted; released after the
+    /// next flush makes the re-inserted pointers durable in keytables.
+    pub(crate) gc_awaiting_flush: Vec<SegmentId>,
+    pub(crate) gc_ready: Vec<SegmentId>,
+    /// Per level, the key after which the next compaction starts.
+    pub(crate) compact_cursor: Vec<Bytes>,
+    pub(crate) device_bytes_base: u64,
+    pub(crate) user_bytes_base: u64,
+}
+
+pub(crate) struct DbInner {
+    pub(crate) opts: Options,
+    pub(crate) flash: Arc<FlashStore>,
+    pub(crate) vlog: ValueLog,
+    pub(crate) ctx: ReadCtx,
+    pub(crate) sv: RwLock<Arc<SuperVersion>>,
+    pub(crate) visible_seq: AtomicU64,
+    pub(crate) snapshots: Mutex<BTreeMap<SeqNo, usize>>,
+    pub(crate) maint: Mutex<MaintState>,
+    pub(crate) release_queue: Arc<Mutex<Vec<SegmentId>>>,
+    pub(crate) counters: Counters,
+    pub(crate) page: usize,
+    pub(crate) wake: Mutex<bool>,
+    pub(crate) wake_cv: Condvar,
+    pub(crate) flushed_cv: Condvar,
+    pub(crate) shutdown: AtomicBool,
+    pub(crate) bg_error: Mutex<Option<String>>,
+}
+
+/// A LightStore engine instance on one flash device.
+pub struct Db {
+    pub(crate) inner: Arc<DbInner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// A consistent read view at one sequence number. Compaction keeps every
+/// version it needs while it lives.
+pub struct Snapshot {
+    seq: SeqNo,
+    inner: Arc<DbInner>,
+}
+
+impl Snapshot {
+    /// The sequence number this snapshot reads at.
+    pub fn seq(&self) -> SeqNo {
+        self.seq
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        let mut s = self.inner.snapshots.lock();
+        if let Some(n) = s.get_mut(&self.seq) {
+            *n -= 1;
+            if *n == 0 {
+                s.remove(&self.seq);
+            }
+        }
+    }
+}
+
+impl Db {
+    /// Opens (formatting if blank) the store on `device`. Opening always
+    /// works after a crash: the log tail is scanned and cut at the first
+    /// record that fails its checksum.
+    pub fn open(device: Arc<dyn Device>, opts: Options) -> Result<Db> {
+        let inner = Arc::new(crate::recovery::open(device, opts)?);
+        let mut threads = Vec::new();
+        if inner.opts.background {
+            let bg = inner.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("ls-maint".into())
+                    .spawn(move || bg.background_loop())?,
+            );
+        }
+        if let Durability::Interval(every) = inner.opts.durability {
+            let bg = inner.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("ls-sync".into())
+                    .spawn(move || bg.sync_loop(every))?,
+            );
+        }
+        Ok(Db { inner, threads })
+    }
+
+    /// Sets `key` to `value`.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.inner.write(&[(KIND_PUT, key, value)])
+    }
+
+    /// Deletes `key` (no error if absent).
+    pub fn delete(&self, key: &[u8]) -> Result<()> {
+        self.inner.write(&[(KIND_DELETE, key, &[][..])])
+    }
+
+    /// Applies all operations atomically: after a crash either all or none
+    /// are visible.
+    pub fn write_batch(&self, ops: &[BatchOp]) -> Result<()> {
+        let recs: Vec<(u8, &[u8], &[u8])> = ops
+            .iter()
+            .map(|op| match op {
+                BatchOp::Put(k, v) => (KIND_PUT, &k[..], &v[..]),
+                BatchOp::Delete(k) => (KIND_DELETE, &k[..], &[][..]),
+            })
+            .collect();
+        self.inner.write(&recs)
+    }
+
+    /// The current value of `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        let seq = self.inner.visible_seq.load(Ordering::Acquire);
+        self.inner.get_at(key, seq)
+    }
+
+    /// The value of `key` as of `snap`.
+    pub fn get_at(&self, key: &[u8], snap: &Snapshot) -> Result<Option<Bytes>> {
+        self.inner.get_at(key, snap.seq)
+    }
+
+    /// Values of several keys, all at one sequence number.
+    pub fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        let seq = self.inner.visible_seq.load(Ordering::Acquire);
+        keys.iter().map(|k| self.inner.get_at(k, seq)).collect()
+    }
+
+    /// Up to `limit` pairs with `start <= key < end` (`end` empty = no bound),
+    /// in key order, at one sequence number.
+    pub fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
+        let seq = self.inner.visible_seq.load(Ordering::Acquire);
+        self.inner.scan_at(start, end, limit, seq)
+    }
+
+    /// Like [`Db::scan`], as of `snap`.
+    pub fn scan_at(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        snap: &Snapshot,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        self.inner.scan_at(start, end, limit, snap.seq)
+    }
+
+    /// A read snapshot at the current sequence number.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = self.inner.snapshots.lock();
+        let seq = self.inner.visible_seq.load(Ordering::Acquire);
+        *s.entry(seq).or_insert(0) += 1;
+        Snapshot {
+            seq,
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Makes every acknowledged write durable now.
+    pub fn sync(&self) -> Result<()> {
+        self.inner.vlog.sync_all()
+    }
+
+    /// Runs flush, compaction and GC until no work is due (tests and tools;
+    /// the background thread does this on its own).
+    pub fn maintenance(&self) -> Result<()> {
+        self.inner.maintenance(false)
+    }
+
+    /// Flushes the memtable to L1 now.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.flush_now()
+    }
+
+    /// Runs one value-GC pass now, even below the automatic thresholds;
+    /// returns the number of segments cleaned.
+    pub fn gc(&self) -> Result<usize> {
+        self.inner.gc_pass(true)
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// Syncs, writes a final checkpoint and stops background threads.
+    pub fn close(mut self) -> Result<()> {
+        self.stop_threads();
+        self.inner.vlog.sync_all()?;
+        let _m = self.inner.maint.lock();
+        Ok(())
+    }
+
+    fn stop_threads(&mut self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        {
+            let mut w = self.inner.wake.lock();
+            *w = true;
+            self.inner.wake_cv.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    /// The largest value the store accepts.
+    pub fn max_value_size(&self) -> usize {
+        self.inner.opts.max_value_size
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        self.stop_threads();
+        let _ = self.inner.vlog.sync_all();
+    }
+}
+
+impl DbInner {
+    fn check_sizes(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        if key.is_empty() || key.len() > self.opts.max_key_size {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                max: self.opts.max_key_size,
+            });
+        }
+        if value.len() > self.opts.max_value_size {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: self.opts.max_value_size,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write(&self, ops: &[(u8, &[u8], &[u8])]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        if let Some(e) = self.bg_error.lock().clone() {
+            return Err(Error::Stopped(e));
+        }
+        let mut user_bytes = 0u64;
+        for (_, k, v) in ops {
+            self.check_sizes(k, v)?;
+            user_bytes += (k.len() + v.len()) as u64;
+        }
+        self.throttle();
+        let recs: Vec<LogRecord<'_>> = ops
+            .iter()
+            .map(|(kind, k, v)| LogRecord {
+                kind: *kind,
+                flags: 0,
+                key: k,
+                value: v,
+                seq: None,
+            })
+            .collect();
+        let n = ops.len();
+        let lsn = self.vlog.append(&recs, false, |i, seq, ptr| {
+            let kind = if ops[i].0 == KIND_PUT {
+                Kind::Put
+            } else {
+                Kind::Delete
+            };
+            self.sv
+                .read()
+                .mem
+                .insert(Bytes::copy_from_slice(ops[i].1), seq, kind, ptr);
+            if i + 1 == n {
+                self.visible_seq.fetch_max(seq, Ordering::AcqRel);
+            }
+        })?;
+        Counters::add(&self.counters.user_bytes, user_bytes);
+        if self.vlog.has_backlog(1) {
+            self.vlog.write_pending(self.vlog.has_backlog(4))?;
+        }
+        if self.opts.durability == Durability::Sync {
+            self.vlog.sync_to(lsn)?;
+        }
+        if self.memtable_full() {
+            self.wake();
+        }
+        Ok(())
+    }
+
+    /// Re-inserts a live value found by GC, keeping its sequence number.
+    pub(crate) fn relocate(&self, key: &[u8], value: &[u8], seq: SeqNo) -> Result<()> {
+        let rec = LogRecord {
+            kind: KIND_PUT,
+            flags: FLAG_RELOCATED,
+            key,
+            value,
+            seq: Some(seq),
+        };
+        self.vlog.append(&[rec], true, |_, seq, ptr| {
+            self.sv
+                .read()
+                .mem
+                .insert(Bytes::copy_from_slice(key), seq, Kind::Put, ptr);
+        })?;
+        if self.vlog.has_backlog(1) {
+            self.vlog.write_pending(true)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn memtable_full(&self) -> bool {
+        let sv = self.sv.read();
+        sv.mem.bytes() >= self.opts.memtable_bytes
+            || sv.mem.log_bytes() >= self.opts.memtable_log_bytes
+    }
+
+    /// Smooth backpressure: while a frozen memtable is still being flushed
+    /// and the active one fills, writers are delayed a little more the fuller
+    /// it gets; only far past the limit do they wait for the flush.
+    fn throttle(&self) {
+        let (fill, imm) = {
+            let sv = self.sv.read();
+            let by_keys = sv.mem.bytes() as f64 / self.opts.memtable_bytes as f64;
+            let by_log = sv.mem.log_bytes() as f64 / self.opts.memtable_log_bytes as f64;
+            (by_keys.max(by_log), sv.imm.is_some())
+        };
+        if !imm || fill < 0.5 || !self.opts.background {
+            return;
+        }
+        if fill < 2.0 {
+            let micros = ((fill - 0.5) * 1000.0) as u64;
+            std::thread::sleep(Duration::from_micros(micros));
+            Counters::add(&self.counters.write_throttle_micros, micros);
+            return;
+        }
+        let mut w = self.wake.lock();
+        while self.sv.read().imm.is_some() && !self.shutdown.load(Ordering::Acquire) {
+            self.flushed_cv.wait_for(&mut w, Duration::from_millis(10));
+            Counters::add(&self.counters.write_throttle_micros, 10_000);
+        }
+    }
+
+    pub(crate) fn wake(&self) {
+        let mut w = self.wake.lock();
+        *w = true;
+        self.wake_cv.notify_all();
+    }
+
+    /// Newest entry for `key` at or below `seq` across memtables and levels.
+    pub(crate) fn lookup(&self, key: &[u8], seq: SeqNo) -> Result<Option<Entry>> {
+        let sv = self.sv.read().clone();
+        if let Some(e) = sv.mem.get(key, seq) {
+            return Ok(Some(e));
+        }
+        if let Some(imm) = &sv.imm {
+            if let Some(e) = imm.get(key, seq) {
+                return Ok(Some(e));
+            }
+        }
+        sv.version.get(key, seq, &self.ctx)
+    }
+
+    pub(crate) fn get_at(&self, key: &[u8], seq: SeqNo) -> Result<Option<Bytes>> {
+        let before = self.ctx.block_reads.load(Ordering::Relaxed);
+        let found = self.lookup(key, seq)?;
+        let result = match found {
+            Some(e) if e.kind == Kind::Put => {
+                let (v, device) = self.vlog.read_value(e.ptr, key, e.seq)?;
+                if device {
+                    Counters::add(&self.counters.get_device_reads, 1);
+                }
+                Some(v)
+            }
+            _ => None,
+        };
+        let block_reads = self.ctx.block_reads.load(Ordering::Relaxed) - before;
+        Counters::add(&self.counters.get_device_reads, block_reads);
+        Counters::add(&self.counters.gets, 1);
+        Ok(result)
+    }
+
+    pub(crate) fn scan_at(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        seq: SeqNo,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        let sv = self.sv.read().clone();
+        let mut sources: Vec<EntryIter<'_>> = vec![Box::new(sv.mem.iter_from(start).map(Ok))];
+        if let Some(imm) = &sv.imm {
+            sources.push(Box::new(imm.iter_from(start).map(Ok)));
+        }
+        for level in &sv.version.levels {
+            sources.push(Box::new(LevelIter::new(level.clone(), start, &self.ctx)));
+        }
+        let mut out = Vec::new();
+        let mut last_key: Option<Bytes> = None;
+        for e in MergeIter::new(sources) {
+            let e = e?;
+            if !end.is_empty() && e.key.as_ref() >= end {
+                break;
+            }
+            if out.len() >= limit {
+                break;
+            }
+            if e.seq > seq || last_key.as_ref() == Some(&e.key) {
+                continue;
+            }
+            last_key = Some(e.key.clone());
+            if e.kind == Kind::Put {
+                let (v, _) = self.vlog.read_value(e.ptr, &e.key, e.seq)?;
+                out.push((e.key, v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sequence numbers compaction must keep versions for, oldest first.
+    pub(crate) fn oldest_snapshot(&self) -> SeqNo {
+        let s = self.snapshots.lock();
+        s.keys()
+            .next()
+            .copied()
+            .unwrap_or_else(|| self.visible_seq.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn snapshot_seqs(&self) -> Vec<SeqNo> {
+        self.snapshots.lock().keys().copied().collect()
+    }
+
+    fn sync_loop(&self, every: Duration) {
+        while !self.shutdown.load(Ordering::Acquire) {
+            std::thread::sleep(every);
+            if let Err(e) = self.vlog.sync_all() {
+                tracing::error!(error = %e, "interval sync failed");
+                *self.bg_error.lock() = Some(e.to_string());
+                return;
+            }
+        }
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let sv = self.sv.read().clone();
+        let (user_base, device_base) = {
+            let m = self.maint.lock();
+            (m.user_bytes_base, m.device_bytes_base)
+        };
+        let fstats = self.flash.stats();
+        let user = user_base + Counters::get(&self.counters.user_bytes);
+        let device = device_base + fstats.device.bytes_written;
+        let gets = Counters::get(&self.counters.gets);
+        let reads = Counters::get(&self.counters.get_device_reads);
+        let segs = self.vlog.segments();
+        let log_bytes: u64 = segs.values().map(|m| m.written_bytes).sum();
+        let log_live: u64 = segs.values().map(|m| m.live_bytes).sum();
+        let mut index = 0u64;
+        let mut bloom = 0u64;
+        for kt in sv.version.all() {
+            index += kt.index.index_dram_bytes() as u64;
+            if kt.use_bloom {
+                bloom += kt.index.bloom.bytes() as u64;
+            }
+        }
+        Stats {
+            user_bytes_written: user,
+            device_bytes_written: device,
+            write_amplification: if user == 0 { 0.0 } else { device as f64 / user as f64 },
+            gets,
+            get_device_reads: reads,
+            device_reads_per_get: if gets == 0 { 0.0 } else { reads as f64 / gets as f64 },
+            dram_index_bytes: index,
+            dram_cache_bytes: self.ctx.cache.used() as u64,
+            dram_bloom_bytes: bloom,
+            dram_memtable_bytes: (sv.mem.bytes() + sv.imm.as_ref().map_or(0, |m| m.bytes())) as u64,
+            dram_budget_bytes: self.opts.dram_budget as u64,
+            keytables_per_level: sv.version.levels.iter().map(|l| l.len()).collect(),
+            bytes_per_level: (0..sv.version.levels.len())
+                .map(|i| sv.version.level_bytes(i, self.page))
+                .collect(),
+            memtable_entries: (sv.mem.len() + sv.imm.as_ref().map_or(0, |m| m.len())) as u64,
+            flushes: Counters::get(&self.counters.flushes),
+            compactions: Counters::get(&self.counters.compactions),
+            compaction_bytes_written: Counters::get(&self.counters.compaction_bytes_written),
+            gc_runs: Counters::get(&self.counters.gc_runs),
+            gc_segments_reclaimed: Counters::get(&self.counters.gc_segments_reclaimed),
+            gc_bytes_relocated: Counters::get(&self.counters.gc_bytes_relocated),
+            gc_bytes_scanned: Counters::get(&self.counters.gc_bytes_scanned),
+            log_bytes,
+            log_live_bytes: log_live,
+            garbage_ratio: if log_bytes == 0 { 0.0 } else { 1.0 - log_live as f64 / log_bytes as f64 },
+            segments_total: fstats.segments_total,
+            segments_free: fstats.segments_free,
+            segments_log: segs.len() as u32,
+            write_throttle_micros: Counters::get(&self.counters.write_throttle_micros),
+            checkpoints: Counters::get(&self.counters.checkpoints),
+            erase_count_max: fstats.erase_count_max,
+            last_seq: self.visible_seq.load(Ordering::Acquire),
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! The engine's error type: every failure a caller can see, typed.
+
+use flash::FlashError;
+
+/// Errors returned by the engine. Input problems, full devices and corruption
+/// are all reported here; the engine never panics on them.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The device has no free segment left for user data. Reads keep working;
+    /// deletes followed by value GC make room again.
+    #[error("NOSPACE: the device is full (delete data and let GC reclaim space)")]
+    NoSpace,
+    /// A key is empty or longer than the configured maximum.
+    #[error("invalid key length {len} (allowed 1..={max} bytes)")]
+    KeyTooLarge {
+        /// Length of the offending key.
+        len: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+    /// A value is longer than the configured maximum.
+    #[error("value of {len} bytes exceeds the limit of {max} bytes")]
+    ValueTooLarge {
+        /// Length of the offending value.
+        len: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+    /// Stored bytes failed their checksum; the data is not returned.
+    #[error("checksum mismatch in {what}: expected {expected:#010x}, got {got:#010x}")]
+    ChecksumMismatch {
+        /// Which structure failed (value record, keytable block, ...).
+        what: &'static str,
+        /// Checksum stored on the device.
+        expected: u32,
+        /// Checksum of the bytes read.
+        got: u32,
+    },
+    /// Stored bytes are structurally invalid.
+    #[error("corruption: {0}")]
+    Corrupt(String),
+    /// The options are inconsistent.
+    #[error("invalid options: {0}")]
+    InvalidOptions(String),
+    /// The engine was shut down or a background task failed; see the log.
+    #[error("engine stopped: {0}")]
+    Stopped(String),
+    /// An error from the flash layer.
+    #[error(transparent)]
+    Flash(FlashError),
+    /// An operating-system I/O error outside the flash layer.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl From<FlashError> for Error {
+    fn from(e: FlashError) -> Self {
+        match e {
+            FlashError::NoSpace => Error::NoSpace,
+            FlashError::ChecksumMismatch {
+                what,
+                expected,
+                got,
+            } => Error::ChecksumMismatch {
+                what,
+                expected,
+                got,
+            },
+            other => Error::Flash(other),
+        }
+    }
+}
+
+/// Result alias for the engine.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,154 @@
+//! Value GC (PinK's reinsertion): a sealed value-log segment whose live
+//! fraction has fallen low is read back; every value the tree still points
+//! to at that exact address (for the latest view or any live snapshot) is
+//! re-inserted through the log with its original sequence number; after the
+//! next flush the segment is released and trimmed. A segment holding a single
+//! live value among garbage is reclaimed like any other.
+
+use crate::db::{DbInner, MaintState};
+use crate::error::{Error, Result};
+use crate::record::{self, HEADER_LEN};
+use crate::segreader::SegmentReader;
+use crate::stats::Counters;
+use crate::types::{Kind, SeqNo, ValuePtr};
+use crate::vlog::SegMeta;
+use flash::SegmentId;
+
+/// Segments cleaned per pass at most.
+const MAX_VICTIMS_PER_PASS: usize = 4;
+
+impl DbInner {
+    /// One GC pass (under the maintenance lock). `force` cleans any segment
+    /// with garbage; otherwise the thresholds decide.
+    pub(crate) fn gc_pass(&self, force: bool) -> Result<usize> {
+        let mut st = self.maint.lock();
+        self.gc_locked(&mut st, force)
+    }
+
+    pub(crate) fn gc_locked(&self, st: &mut MaintState, force: bool) -> Result<usize> {
+        let current = self.vlog.current_segment();
+        let low_space = self.space_low();
+        let threshold = if force {
+            1.0
+        } else if low_space {
+            0.95
+        } else {
+            self.opts.gc_live_threshold
+        };
+        let mut victims: Vec<(SegmentId, SegMeta, f64)> = self
+            .vlog
+            .segments()
+            .into_iter()
+            .filter(|(seg, m)| {
+                *seg != current
+                    && m.sealed
+                    && m.epoch < st.replay.epoch
+                    && !st.gc_awaiting_flush.contains(seg)
+                    && !st.gc_ready.contains(seg)
+            })
+            .map(|(seg, m)| {
+                let live = m.live_bytes as f64 / m.written_bytes.max(1) as f64;
+                (seg, m, live)
+            })
+            .filter(|(_, _, live)| *live < threshold)
+            .collect();
+        victims.sort_by(|a, b| a.2.total_cmp(&b.2));
+        victims.truncate(MAX_VICTIMS_PER_PASS);
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        Counters::add(&self.counters.gc_runs, 1);
+        let mut cleaned = 0;
+        for (seg, meta, _) in &victims {
+            if self.gc_segment(*seg, meta)? {
+                st.gc_awaiting_flush.push(*seg);
+                cleaned += 1;
+            }
+        }
+        if cleaned == 0 {
+            return Ok(0);
+        }
+        // Make the re-inserted pointers durable in keytables so the victims
+        // can be released by the flush's checkpoint.
+        self.flush_locked(st)?;
+        Ok(cleaned)
+    }
+
+    /// Re-inserts the live values of `seg`. Returns false (and changes
+    /// nothing) if a live snapshot still needs an older version stored in it:
+    /// re-inserting an old version above newer ones would hide them, so such
+    /// segments wait until the snapshot is released.
+    fn gc_segment(&self, seg: SegmentId, meta: &SegMeta) -> Result<bool> {
+        let page = self.vlog.page_size() as u64;
+        let mut reader = SegmentReader::new(&self.flash, seg);
+        let snapshots = self.snapshot_seqs();
+        let mut live_records: Vec<(Vec<u8>, Vec<u8>, SeqNo)> = Vec::new();
+        let mut off = 0u64;
+        let corrupt = |off: u64, what: &str| {
+            Error::Corrupt(format!("value segment {seg}: record at {off}: {what}"))
+        };
+        while off < meta.written_bytes {
+            if page - off % page < HEADER_LEN as u64 {
+                off += page - off % page;
+                continue;
+            }
+            let header = record::Header::parse(reader.window(off, HEADER_LEN)?)
+                .ok_or_else(|| corrupt(off, "short header"))?;
+            let len = header.record_len();
+            let bytes = reader.window(off, len)?;
+            let rec = record::decode(bytes, meta.epoch).map_err(|e| corrupt(off, &format!("{e:?}")))?;
+            match rec.header.kind {
+                record::KIND_LINK => break,
+                record::KIND_PUT => {
+                    let ptr = ValuePtr {
+                        seg,
+                        gen: meta.gen,
+                        offset: off as u32,
+                        len: len as u32,
+                    };
+                    match self.liveness(rec.key, rec.header.seq, ptr, &snapshots)? {
+                        Liveness::Dead => {}
+                        Liveness::Latest => {
+                            live_records.push((rec.key.to_vec(), rec.value.to_vec(), rec.header.seq))
+                        }
+                        Liveness::PinnedBySnapshot => {
+                            Counters::add(&self.counters.gc_bytes_scanned, reader.bytes_read);
+                            return Ok(false);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            off += len as u64;
+        }
+        Counters::add(&self.counters.gc_bytes_scanned, reader.bytes_read);
+        for (key, value, seq) in live_records {
+            self.relocate(&key, &value, seq)?;
+            Counters::add(&self.counters.gc_bytes_relocated, (HEADER_LEN + key.len() + value.len()) as u64);
+        }
+        Ok(true)
+    }
+
+    /// Whether the latest view, or only a live snapshot, resolves `key` to
+    /// exactly this record.
+    fn liveness(&self, key: &[u8], seq: SeqNo, ptr: ValuePtr, snapshots: &[SeqNo]) -> Result<Liveness> {
+        let points_here = |e: Option<crate::types::Entry>| {
+            e.is_some_and(|e| e.kind == Kind::Put && e.seq == seq && e.ptr == ptr)
+        };
+        if points_here(self.lookup(key, SeqNo::MAX)?) {
+            return Ok(Liveness::Latest);
+        }
+        for &s in snapshots {
+            if s >= seq && points_here(self.lookup(key, s)?) {
+                return Ok(Liveness::PinnedBySnapshot);
+            }
+        }
+        Ok(Liveness::Dead)
+    }
+}
+
+enum Liveness {
+    Dead,
+    Latest,
+    PinnedBySnapshot,
+}

@@ -1,0 +1,161 @@
+//! Ordered iteration over keytables, levels and memtables, and the merge of
+//! several sorted sources into one stream in `(key asc, seq desc)` order.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::keytable::Block;
+use crate::types::{entry_order, Entry};
+use crate::version::{Keytable, ReadCtx};
+
+/// A sorted stream of entries that may fail (device reads).
+pub type EntryIter<'a> = Box<dyn Iterator<Item = Result<Entry>> + Send + 'a>;
+
+/// Iterates one level (sorted, non-overlapping keytables) from a start key.
+pub struct LevelIter<'a> {
+    tables: Vec<Arc<Keytable>>,
+    table: usize,
+    block_idx: usize,
+    block: Option<Arc<Block>>,
+    pos: usize,
+    ctx: &'a ReadCtx,
+    failed: bool,
+}
+
+impl<'a> LevelIter<'a> {
+    /// Entries of `tables` ordered at or after `from`.
+    pub fn new(tables: Vec<Arc<Keytable>>, from: &[u8], ctx: &'a ReadCtx) -> Self {
+        let table = tables.partition_point(|kt| kt.index.largest.as_ref() < from);
+        let mut it = LevelIter {
+            tables,
+            table,
+            block_idx: 0,
+            block: None,
+            pos: 0,
+            ctx,
+            failed: false,
+        };
+        if let Some(kt) = it.tables.get(table) {
+            it.block_idx = kt.index.find_block(from).unwrap_or(0);
+            match kt.block(it.block_idx, ctx) {
+                Ok(b) => {
+                    it.pos = b.seek(from, u64::MAX);
+                    it.block = Some(b);
+                }
+                Err(_) => it.block = None, // reported by next()
+            }
+        }
+        it
+    }
+}
+
+impl Iterator for LevelIter<'_> {
+    type Item = Result<Entry>;
+
+    fn next(&mut self) -> Option<Result<Entry>> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            let kt = self.tables.get(self.table)?;
+            if self.block.is_none() {
+                match kt.block(self.block_idx, self.ctx) {
+                    Ok(b) => self.block = Some(b),
+                    Err(e) => {
+                        self.failed = true;
+                        return Some(Err(e));
+                    }
+                }
+            }
+            let block = self.block.as_ref()?;
+            if self.pos < block.len() {
+                let e = block.entry(self.pos);
+                self.pos += 1;
+                return Some(Ok(e));
+            }
+            self.pos = 0;
+            self.block = None;
+            self.block_idx += 1;
+            if self.block_idx >= kt.index.blocks.len() {
+                self.block_idx = 0;
+                self.table += 1;
+            }
+        }
+    }
+}
+
+struct HeapItem {
+    entry: Entry,
+    source: usize,
+}
+
+impl PartialEq for HeapItem {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for HeapItem {}
+impl PartialOrd for HeapItem {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for HeapItem {
+    // BinaryHeap is a max-heap: reverse so the smallest entry (and, for equal
+    // entries, the newest source) comes out first.
+    fn cmp(&self, o: &Self) -> Ordering {
+        entry_order(&o.entry.key, o.entry.seq, &self.entry.key, self.entry.seq)
+            .then(o.source.cmp(&self.source))
+    }
+}
+
+/// Merges sorted sources; source 0 is the newest. Equal `(key, seq)` entries
+/// from several sources all come out, newest source first.
+pub struct MergeIter<'a> {
+    sources: Vec<EntryIter<'a>>,
+    heap: BinaryHeap<HeapItem>,
+    error: Option<crate::error::Error>,
+}
+
+impl<'a> MergeIter<'a> {
+    /// Merges `sources` (newest first).
+    pub fn new(mut sources: Vec<EntryIter<'a>>) -> Self {
+        let mut heap = BinaryHeap::new();
+        let mut error = None;
+        for (i, s) in sources.iter_mut().enumerate() {
+            match s.next() {
+                Some(Ok(entry)) => heap.push(HeapItem { entry, source: i }),
+                Some(Err(e)) => error = Some(e),
+                None => {}
+            }
+        }
+        MergeIter {
+            sources,
+            heap,
+            error,
+        }
+    }
+}
+
+impl Iterator for MergeIter<'_> {
+    type Item = Result<Entry>;
+
+    fn next(&mut self) -> Option<Result<Entry>> {
+        if let Some(e) = self.error.take() {
+            self.heap.clear();
+            return Some(Err(e));
+        }
+        let top = self.heap.pop()?;
+        match self.sources[top.source].next() {
+            Some(Ok(entry)) => self.heap.push(HeapItem {
+                entry,
+                source: top.source,
+            }),
+            Some(Err(e)) => self.error = Some(e),
+            None => {}
+        }
+        Some(Ok(top.entry))
+    }
+}

@@ -1,0 +1,476 @@
+//! Keytables: immutable sorted runs of `(key, seq, kind, value pointer)`
+//! entries on flash — keys only, values stay in the value log.
+//!
+//! A keytable is a run of pages in a keytable segment: data blocks (one page
+//! each, or more when a single entry is larger than a page) followed by an
+//! index (first key and page of every block, the Bloom filter, entry count,
+//! smallest and largest key). Every block and the index carry a CRC32C seeded
+//! with the keytable id, so bytes from another keytable never pass.
+//!
+//! Block layout: `crc u32 | count u32 | data_len u32 | entries | offsets u32 * count`,
+//! entry: `key_len u16 | key | seq u64 | kind u8 | ptr (16 B)`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::bloom::Bloom;
+use crate::error::{Error, Result};
+use crate::types::{entry_order, Entry, Kind, SeqNo, ValuePtr, PTR_LEN};
+
+const BLOCK_HEADER: usize = 12;
+const ENTRY_FIXED: usize = 2 + 8 + 1 + PTR_LEN;
+
+fn id_crc(id: u64, body: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&id.to_le_bytes()), body)
+}
+
+fn read_u32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn read_u16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn read_u64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// A decoded, checksum-verified data block.
+#[derive(Debug)]
+pub struct Block {
+    data: Vec<u8>,
+    count: usize,
+    offsets_at: usize,
+}
+
+impl Block {
+    /// Verifies and wraps the bytes of one block of keytable `id`.
+    pub fn parse(data: Vec<u8>, id: u64) -> Result<Block> {
+        let corrupt = |m: &str| Error::Corrupt(format!("keytable {id} block: {m}"));
+        let crc = read_u32(&data, 0).ok_or_else(|| corrupt("short"))?;
+        let count = read_u32(&data, 4).ok_or_else(|| corrupt("short"))? as usize;
+        let data_len = read_u32(&data, 8).ok_or_else(|| corrupt("short"))? as usize;
+        let end = count
+            .checked_mul(4)
+            .and_then(|o| o.checked_add(BLOCK_HEADER + data_len))
+            .filter(|&e| e <= data.len())
+            .ok_or_else(|| corrupt("lengths out of range"))?;
+        let got = id_crc(id, &data[4..end]);
+        if got != crc {
+            return Err(Error::ChecksumMismatch {
+                what: "keytable block",
+                expected: crc,
+                got,
+            });
+        }
+        let block = Block {
+            data,
+            count,
+            offsets_at: BLOCK_HEADER + data_len,
+        };
+        // Validate every entry once so accessors cannot go out of bounds.
+        for i in 0..count {
+            let off = block.offset(i);
+            let klen = read_u16(&block.data, off).ok_or_else(|| corrupt("entry offset"))? as usize;
+            if off + ENTRY_FIXED + klen > block.offsets_at {
+                return Err(corrupt("entry overruns block"));
+            }
+            if Kind::from_code(block.data[off + 2 + klen + 8]).is_none() {
+                return Err(corrupt("bad entry kind"));
+            }
+        }
+        Ok(block)
+    }
+
+    fn offset(&self, i: usize) -> usize {
+        let at = self.offsets_at + 4 * i;
+        u32::from_le_bytes([
+            self.data[at],
+            self.data[at + 1],
+            self.data[at + 2],
+            self.data[at + 3],
+        ]) as usize
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Bytes of DRAM this block occupies when cached.
+    pub fn dram_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Key of entry `i`.
+    pub fn key(&self, i: usize) -> &[u8] {
+        let off = self.offset(i);
+        let klen = u16::from_le_bytes([self.data[off], self.data[off + 1]]) as usize;
+        &self.data[off + 2..off + 2 + klen]
+    }
+
+    fn seq(&self, i: usize) -> SeqNo {
+        let off = self.offset(i);
+        let klen = u16::from_le_bytes([self.data[off], self.data[off + 1]]) as usize;
+        let p = off + 2 + klen;
+        u64::from_le_bytes(self.data[p..p + 8].try_into().unwrap_or([0; 8]))
+    }
+
+    /// Entry `i` (validated at parse time).
+    pub fn entry(&self, i: usize) -> Entry {
+        let off = self.offset(i);
+        let klen = u16::from_le_bytes([self.data[off], self.data[off + 1]]) as usize;
+        let p = off + 2 + klen;
+        Entry {
+            key: Bytes::copy_from_slice(&self.data[off + 2..p]),
+            seq: self.seq(i),
+            kind: Kind::from_code(self.data[p + 8]).unwrap_or(Kind::Delete),
+            ptr: ValuePtr::decode(&self.data[p + 9..p + 9 + PTR_LEN]).unwrap_or_default(),
+        }
+    }
+
+    /// Index of the first entry ordered at or after `(key, seq)`.
+    pub fn seek(&self, key: &[u8], seq: SeqNo) -> usize {
+        let (mut lo, mut hi) = (0, self.count);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if entry_order(self.key(mid), self.seq(mid), key, seq).is_lt() {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+}
+
+/// Where a data block sits inside its keytable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockHandle {
+    /// First key in the block (the level index).
+    pub first_key: Bytes,
+    /// Page offset from the keytable start.
+    pub page: u32,
+    /// Pages the block spans.
+    pub pages: u32,
+}
+
+/// The decoded index of a keytable.
+#[derive(Debug)]
+pub struct KeytableIndex {
+    /// Blocks in key order.
+    pub blocks: Vec<BlockHandle>,
+    /// Bloom filter over all keys.
+    pub bloom: Bloom,
+    /// Number of entries.
+    pub entries: u64,
+    /// Smallest key.
+    pub smallest: Bytes,
+    /// Largest key.
+    pub largest: Bytes,
+}
+
+impl KeytableIndex {
+    fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::new();
+        p.extend_from_slice(&self.entries.to_le_bytes());
+        p.extend_from_slice(&(self.blocks.len() as u32).to_le_bytes());
+        for b in &self.blocks {
+            p.extend_from_slice(&b.page.to_le_bytes());
+            p.extend_from_slice(&b.pages.to_le_bytes());
+            put_key(&mut p, &b.first_key);
+        }
+        self.bloom.encode_to(&mut p);
+        put_key(&mut p, &self.smallest);
+        put_key(&mut p, &self.largest);
+        p
+    }
+
+    /// Verifies and decodes the index pages of keytable `id`.
+    pub fn decode(b: &[u8], id: u64) -> Result<KeytableIndex> {
+        let corrupt = |m: &str| Error::Corrupt(format!("keytable {id} index: {m}"));
+        let crc = read_u32(b, 0).ok_or_else(|| corrupt("short"))?;
+        let len = read_u32(b, 4).ok_or_else(|| corrupt("short"))? as usize;
+        let payload = b.get(8..8 + len).ok_or_else(|| corrupt("length"))?;
+        let got = id_crc(id, payload);
+        if got != crc {
+            return Err(Error::ChecksumMismatch {
+                what: "keytable index",
+                expected: crc,
+                got,
+            });
+        }
+        let mut at = 0;
+        let entries = read_u64(payload, at).ok_or_else(|| corrupt("entries"))?;
+        at += 8;
+        let n = read_u32(payload, at).ok_or_else(|| corrupt("blocks"))? as usize;
+        at += 4;
+        let mut blocks = Vec::with_capacity(n.min(1 << 20));
+        for _ in 0..n {
+            let page = read_u32(payload, at).ok_or_else(|| corrupt("block page"))?;
+            let pages = read_u32(payload, at + 4).ok_or_else(|| corrupt("block pages"))?;
+            at += 8;
+            let first_key = get_key(payload, &mut at).ok_or_else(|| corrupt("first key"))?;
+            blocks.push(BlockHandle {
+                first_key,
+                page,
+                pages,
+            });
+        }
+        let (bloom, used) = Bloom::decode(&payload[at..]).ok_or_else(|| corrupt("bloom"))?;
+        at += used;
+        let smallest = get_key(payload, &mut at).ok_or_else(|| corrupt("smallest"))?;
+        let largest = get_key(payload, &mut at).ok_or_else(|| corrupt("largest"))?;
+        Ok(KeytableIndex {
+            blocks,
+            bloom,
+            entries,
+            smallest,
+            largest,
+        })
+    }
+
+    /// DRAM the level index part occupies (first keys and handles).
+    pub fn index_dram_bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .map(|b| b.first_key.len() + std::mem::size_of::<BlockHandle>())
+            .sum()
+    }
+
+    /// The block that may hold `key`, if any.
+    pub fn find_block(&self, key: &[u8]) -> Option<usize> {
+        // Last block whose first key <= key. Versions of one key may span two
+        // blocks; callers continue into the next block when needed.
+        let i = self.blocks.partition_point(|b| b.first_key.as_ref() <= key);
+        i.checked_sub(1)
+    }
+}
+
+fn put_key(out: &mut Vec<u8>, k: &[u8]) {
+    out.extend_from_slice(&(k.len() as u16).to_le_bytes());
+    out.extend_from_slice(k);
+}
+
+fn get_key(b: &[u8], at: &mut usize) -> Option<Bytes> {
+    let len = read_u16(b, *at)? as usize;
+    let k = b.get(*at + 2..*at + 2 + len)?;
+    *at += 2 + len;
+    Some(Bytes::copy_from_slice(k))
+}
+
+/// Builds one keytable in memory from entries added in order.
+pub struct KeytableBuilder {
+    id: u64,
+    page_size: usize,
+    bits_per_key: usize,
+    out: Vec<u8>,
+    cur: Vec<u8>,
+    cur_offsets: Vec<u32>,
+    cur_first: Option<Bytes>,
+    blocks: Vec<BlockHandle>,
+    hashes: Vec<u64>,
+    entries: u64,
+    smallest: Option<Bytes>,
+    largest: Bytes,
+    last_hashed: Option<Bytes>,
+}
+
+/// A finished keytable: its pages and its decoded index.
+pub struct BuiltKeytable {
+    /// Keytable id.
+    pub id: u64,
+    /// Page-aligned bytes: data pages then index pages.
+    pub bytes: Vec<u8>,
+    /// Number of data pages.
+    pub data_pages: u32,
+    /// Number of index pages.
+    pub index_pages: u32,
+    /// The decoded index.
+    pub index: KeytableIndex,
+    /// Data blocks, already parsed (to warm the cache).
+    pub blocks: Vec<Arc<Block>>,
+}
+
+impl KeytableBuilder {
+    /// Starts keytable `id`.
+    pub fn new(id: u64, page_size: usize, bits_per_key: usize) -> Self {
+        KeytableBuilder {
+            id,
+            page_size,
+            bits_per_key,
+            out: Vec::new(),
+            cur: Vec::new(),
+            cur_offsets: Vec::new(),
+            cur_first: None,
+            blocks: Vec::new(),
+            hashes: Vec::new(),
+            entries: 0,
+            smallest: None,
+            largest: Bytes::new(),
+            last_hashed: None,
+        }
+    }
+
+    /// Bytes written so far (approximate final size).
+    pub fn estimated_bytes(&self) -> usize {
+        self.out.len() + self.cur.len() + 4 * self.cur_offsets.len() + BLOCK_HEADER
+    }
+
+    /// Number of entries added.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Adds an entry; entries must arrive in [`entry_order`].
+    pub fn add(&mut self, e: &Entry) {
+        let elen = ENTRY_FIXED + e.key.len();
+        let used = BLOCK_HEADER + self.cur.len() + 4 * (self.cur_offsets.len() + 1) + elen;
+        if !self.cur_offsets.is_empty() && used > self.page_size {
+            self.finish_block();
+        }
+        if self.cur_offsets.is_empty() {
+            self.cur_first = Some(e.key.clone());
+        }
+        self.cur_offsets.push((BLOCK_HEADER + self.cur.len()) as u32);
+        self.cur.extend_from_slice(&(e.key.len() as u16).to_le_bytes());
+        self.cur.extend_from_slice(&e.key);
+        self.cur.extend_from_slice(&e.seq.to_le_bytes());
+        self.cur.push(e.kind.code());
+        let mut p = Vec::with_capacity(PTR_LEN);
+        e.ptr.encode_to(&mut p);
+        self.cur.extend_from_slice(&p);
+        if self.last_hashed.as_deref() != Some(&e.key[..]) {
+            self.hashes.push(Bloom::hash(&e.key));
+            self.last_hashed = Some(e.key.clone());
+        }
+        if self.smallest.is_none() {
+            self.smallest = Some(e.key.clone());
+        }
+        self.largest = e.key.clone();
+        self.entries += 1;
+    }
+
+    fn finish_block(&mut self) {
+        let start = self.out.len();
+        let count = self.cur_offsets.len() as u32;
+        self.out.extend_from_slice(&[0u8; 4]);
+        self.out.extend_from_slice(&count.to_le_bytes());
+        self.out.extend_from_slice(&(self.cur.len() as u32).to_le_bytes());
+        self.out.extend_from_slice(&self.cur);
+        for o in &self.cur_offsets {
+            self.out.extend_from_slice(&o.to_le_bytes());
+        }
+        let crc = id_crc(self.id, &self.out[start + 4..]);
+        self.out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+        let padded = self.out.len().div_ceil(self.page_size) * self.page_size;
+        self.out.resize(padded, 0);
+        self.blocks.push(BlockHandle {
+            first_key: self.cur_first.take().unwrap_or_default(),
+            page: (start / self.page_size) as u32,
+            pages: ((padded - start) / self.page_size) as u32,
+        });
+        self.cur.clear();
+        self.cur_offsets.clear();
+    }
+
+    /// Finishes the keytable. REQUIRES: at least one entry was added.
+    pub fn finish(mut self) -> Result<BuiltKeytable> {
+        if !self.cur_offsets.is_empty() {
+            self.finish_block();
+        }
+        let data_pages = (self.out.len() / self.page_size) as u32;
+        let mut blocks = Vec::with_capacity(self.blocks.len());
+        for h in &self.blocks {
+            let s = h.page as usize * self.page_size;
+            let e = s + h.pages as usize * self.page_size;
+            blocks.push(Arc::new(Block::parse(self.out[s..e].to_vec(), self.id)?));
+        }
+        let index = KeytableIndex {
+            blocks: std::mem::take(&mut self.blocks),
+            bloom: Bloom::build(&self.hashes, self.bits_per_key),
+            entries: self.entries,
+            smallest: self.smallest.take().unwrap_or_default(),
+            largest: self.largest.clone(),
+        };
+        let payload = index.encode();
+        let mut out = self.out;
+        out.extend_from_slice(&id_crc(self.id, &payload).to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&payload);
+        let padded = out.len().div_ceil(self.page_size) * self.page_size;
+        out.resize(padded, 0);
+        let index_pages = (padded / self.page_size) as u32 - data_pages;
+        Ok(BuiltKeytable {
+            id: self.id,
+            bytes: out,
+            data_pages,
+            index_pages,
+            index,
+            blocks,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(k: &str, seq: u64) -> Entry {
+        Entry {
+            key: Bytes::copy_from_slice(k.as_bytes()),
+            seq,
+            kind: Kind::Put,
+            ptr: ValuePtr {
+                seg: 1,
+                gen: 2,
+                offset: seq as u32,
+                len: 9,
+            },
+        }
+    }
+
+    #[test]
+    fn build_and_search() {
+        let mut b = KeytableBuilder::new(9, 512, 10);
+        for i in 0..200u64 {
+            b.add(&e(&format!("key{i:05}"), 1000 - i));
+        }
+        let kt = b.finish().expect("built");
+        assert!(kt.index.blocks.len() > 5);
+        let idx = KeytableIndex::decode(&kt.bytes[kt.data_pages as usize * 512..], 9).expect("index");
+        assert_eq!(idx.entries, 200);
+        assert_eq!(idx.blocks, kt.index.blocks);
+        let bi = idx.find_block(b"key00123").expect("block");
+        let block = &kt.blocks[bi];
+        let i = block.seek(b"key00123", u64::MAX);
+        assert_eq!(block.entry(i), e("key00123", 1000 - 123));
+        assert!(idx.bloom.may_contain(Bloom::hash(b"key00123")));
+        assert!(KeytableIndex::decode(&kt.bytes[kt.data_pages as usize * 512..], 10).is_err());
+    }
+
+    #[test]
+    fn corrupt_block_is_rejected() {
+        let mut b = KeytableBuilder::new(1, 512, 10);
+        b.add(&e("a", 1));
+        let kt = b.finish().expect("built");
+        let mut page = kt.bytes[..512].to_vec();
+        page[20] ^= 0x40;
+        assert!(Block::parse(page, 1).is_err());
+        let mut page = kt.bytes[..512].to_vec();
+        page[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Block::parse(page, 1).is_err());
+    }
+
+    #[test]
+    fn oversized_entry_spans_pages() {
+        let mut b = KeytableBuilder::new(3, 512, 10);
+        b.add(&e(&"x".repeat(1000), 5));
+        b.add(&e(&"y".repeat(10), 4));
+        let kt = b.finish().expect("built");
+        assert_eq!(kt.index.blocks[0].pages, 3);
+        assert_eq!(kt.blocks[1].entry(0).key.len(), 10);
+    }
+}

@@ -1,0 +1,41 @@
+//! `engine` — the LightStore LSM-tree with key-value separation.
+//!
+//! Values are appended once to a value log that doubles as the write-ahead
+//! log; keys and value pointers go to the L0 memtable, which is flushed into
+//! sorted keytables on flash (levels L1..Ln). Compaction merges keytables
+//! only — values never move — and keeps exact per-segment live-byte counts;
+//! value GC re-inserts the few live values of mostly-dead segments (PinK) and
+//! trims them. Reads go through an in-DRAM level index, Bloom filters and a
+//! keytable cache, so a GET costs one device read for its value. Recovery
+//! replays the log tail from the last checkpoint and cuts it at the first bad
+//! checksum. The engine owns everything above the `flash` segment store and
+//! below the network protocol.
+#![deny(missing_docs)]
+
+mod bloom;
+mod cache;
+mod db;
+mod error;
+mod gc;
+mod iter;
+mod keytable;
+mod maint;
+mod manifest;
+mod memtable;
+mod options;
+mod record;
+mod recovery;
+mod segreader;
+mod stats;
+mod types;
+mod version;
+mod vlog;
+
+pub use db::{BatchOp, Db, Snapshot};
+pub use error::{Error, Result};
+pub use options::{Durability, Options};
+pub use stats::Stats;
+pub use types::SeqNo;
+
+/// Re-exported flash types needed to open a store.
+pub use flash;

@@ -1,0 +1,369 @@
+//! Background work: memtable flush into L1, keytable-only compaction between
+//! levels (values never move), releasing dead segments and checkpoints.
+//! Every function here runs with `DbInner::maint` held, so at most one
+//! flush, compaction or GC pass runs at a time.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::db::{DbInner, MaintState, SuperVersion};
+use crate::error::{Error, Result};
+use crate::iter::{EntryIter, LevelIter, MergeIter};
+use crate::keytable::{BuiltKeytable, KeytableBuilder};
+use crate::manifest::{Counters as PersistedCounters, KeytableMeta, Manifest};
+use crate::memtable::Memtable;
+use crate::stats::Counters;
+use crate::types::{Entry, Kind, SeqNo};
+use crate::version::{Keytable, SegmentRef, Version};
+
+/// Flash segment kind tag for keytable segments.
+pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
+
+impl DbInner {
+    pub(crate) fn background_loop(&self) {
+        while !self.shutdown.load(Ordering::Acquire) {
+            {
+                let mut w = self.wake.lock();
+                if !*w {
+                    self.wake_cv.wait_for(&mut w, Duration::from_millis(100));
+                }
+                *w = false;
+            }
+            if self.shutdown.load(Ordering::Acquire) {
+                break;
+            }
+            if let Err(e) = self.maintenance(true) {
+                match e {
+                    Error::NoSpace => tracing::warn!("maintenance: device full"),
+                    other => {
+                        tracing::error!(error = %other, "background maintenance failed");
+                        *self.bg_error.lock() = Some(other.to_string());
+                        self.flushed_cv.notify_all();
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Flushes, compacts and collects garbage until nothing is due.
+    pub(crate) fn maintenance(&self, _background: bool) -> Result<()> {
+        let mut st = self.maint.lock();
+        for _ in 0..1000 {
+            let mut did = false;
+            if self.memtable_full() || (self.space_low() && !self.sv.read().mem.is_empty()) {
+                self.flush_locked(&mut st)?;
+                did = true;
+            }
+            if self.compact_one(&mut st)? {
+                did = true;
+            }
+            if self.gc_locked(&mut st, false)? > 0 {
+                did = true;
+            }
+            if !did {
+                break;
+            }
+        }
+        if !self.release_queue.lock().is_empty() {
+            self.checkpoint(&mut st)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn space_low(&self) -> bool {
+        let s = self.flash.stats();
+        s.segments_free <= self.opts.reserved_segments + 2
+    }
+
+    pub(crate) fn flush_now(&self) -> Result<()> {
+        let mut st = self.maint.lock();
+        self.flush_locked(&mut st)
+    }
+
+    /// Freezes the memtable, writes it (merged with overlapping L1
+    /// keytables) as new L1 keytables, installs them and checkpoints.
+    pub(crate) fn flush_locked(&self, st: &mut MaintState) -> Result<()> {
+        let (pos, seq) = self.vlog.with_position(|pos, seq| {
+            let mut sv = self.sv.write();
+            let next = SuperVersion {
+                mem: Arc::new(Memtable::new()),
+                imm: Some(sv.mem.clone()),
+                version: sv.version.clone(),
+            };
+            *sv = Arc::new(next);
+            (pos, seq)
+        });
+        st.imm_replay = Some((pos, seq));
+        // Values the new keytables point to must be durable before a
+        // checkpoint references those keytables.
+        self.vlog.sync_all()?;
+        let (imm, version) = {
+            let sv = self.sv.read();
+            (sv.imm.clone(), sv.version.clone())
+        };
+        let mut levels = version.levels.clone();
+        if let Some(imm) = imm.filter(|m| !m.is_empty()) {
+            if levels.is_empty() {
+                levels.push(Vec::new());
+            }
+            let lo = imm.iter_from(&[]).next().map(|e| e.key).unwrap_or_default();
+            let hi = last_key(&imm);
+            let range = version.overlapping(0, &lo, &hi);
+            let old: Vec<Arc<Keytable>> = levels[0][range.clone()].to_vec();
+            let sources: Vec<EntryIter<'_>> = vec![
+                Box::new(imm.iter_from(&[]).map(Ok)),
+                Box::new(LevelIter::new(old, &[], &self.ctx)),
+            ];
+            let bottom = levels.iter().skip(1).all(|l| l.is_empty());
+            let out = self.build_run(st, MergeIter::new(sources), bottom)?;
+            levels[0].splice(range, out);
+        }
+        {
+            let mut sv = self.sv.write();
+            let next = SuperVersion {
+                mem: sv.mem.clone(),
+                imm: None,
+                version: Arc::new(Version {
+                    levels: levels.clone(),
+                }),
+            };
+            *sv = Arc::new(next);
+        }
+        self.update_bloom_budget();
+        st.replay = pos;
+        st.flushed_seq = seq;
+        st.imm_replay = None;
+        let ready: Vec<_> = st.gc_awaiting_flush.drain(..).collect();
+        st.gc_ready.extend(ready);
+        Counters::add(&self.counters.flushes, 1);
+        self.checkpoint(st)?;
+        self.flushed_cv.notify_all();
+        Ok(())
+    }
+
+    /// Compacts one keytable of the first level over its size target into
+    /// the next level. Returns whether it did anything.
+    pub(crate) fn compact_one(&self, st: &mut MaintState) -> Result<bool> {
+        let version = self.sv.read().version.clone();
+        let mut target = self.opts.l1_bytes;
+        let mut pick = None;
+        for i in 0..version.levels.len() {
+            if version.level_bytes(i, self.page) > target && !version.levels[i].is_empty() {
+                pick = Some(i);
+                break;
+            }
+            target = target.saturating_mul(self.opts.level_ratio);
+        }
+        let Some(li) = pick else { return Ok(false) };
+        if st.compact_cursor.len() <= li {
+            st.compact_cursor.resize(li + 1, Bytes::new());
+        }
+        let level = &version.levels[li];
+        let cursor = &st.compact_cursor[li];
+        let ki = level
+            .iter()
+            .position(|kt| kt.index.smallest.as_ref() > cursor.as_ref())
+            .unwrap_or(0);
+        let kt = level[ki].clone();
+        let range = version.overlapping(li + 1, &kt.index.smallest, &kt.index.largest);
+        let mut levels = version.levels.clone();
+        if levels.len() <= li + 1 {
+            levels.push(Vec::new());
+        }
+        let old: Vec<Arc<Keytable>> = levels[li + 1][range.clone()].to_vec();
+        let sources: Vec<EntryIter<'_>> = vec![
+            Box::new(LevelIter::new(vec![kt.clone()], &[], &self.ctx)),
+            Box::new(LevelIter::new(old, &[], &self.ctx)),
+        ];
+        let bottom = levels.iter().skip(li + 2).all(|l| l.is_empty());
+        let out = self.build_run(st, MergeIter::new(sources), bottom)?;
+        levels[li].remove(ki);
+        levels[li + 1].splice(range, out);
+        while levels.last().is_some_and(|l| l.is_empty()) && levels.len() > 1 {
+            levels.pop();
+        }
+        {
+            let mut sv = self.sv.write();
+            let next = SuperVersion {
+                mem: sv.mem.clone(),
+                imm: sv.imm.clone(),
+                version: Arc::new(Version { levels }),
+            };
+            *sv = Arc::new(next);
+        }
+        self.update_bloom_budget();
+        st.compact_cursor[li] = kt.index.largest.clone();
+        Counters::add(&self.counters.compactions, 1);
+        self.checkpoint(st)?;
+        Ok(true)
+    }
+
+    /// Merges sorted entries into new keytables, dropping versions no reader
+    /// can see and releasing the value bytes they pointed to.
+    fn build_run(
+        &self,
+        st: &mut MaintState,
+        entries: MergeIter<'_>,
+        bottom: bool,
+    ) -> Result<Vec<Arc<Keytable>>> {
+        let smallest_snapshot = self.oldest_snapshot();
+        let mut out = Vec::new();
+        let mut builder: Option<KeytableBuilder> = None;
+        let mut cur_key: Option<Bytes> = None;
+        let mut last_seq_for_key = SeqNo::MAX;
+        let mut prev_seq: Option<SeqNo> = None;
+        for e in entries {
+            let e: Entry = e?;
+            if cur_key.as_ref() != Some(&e.key) {
+                // Keytables end only between keys, so their ranges never overlap.
+                if builder
+                    .as_ref()
+                    .is_some_and(|b| b.estimated_bytes() >= self.opts.keytable_bytes)
+                {
+                    if let Some(b) = builder.take() {
+                        out.push(self.write_keytable(st, b.finish()?)?);
+                    }
+                }
+                cur_key = Some(e.key.clone());
+                last_seq_for_key = SeqNo::MAX;
+                prev_seq = None;
+            }
+            if prev_seq == Some(e.seq) {
+                // A GC relocation twin of the version just kept (older source).
+                continue;
+            }
+            prev_seq = Some(e.seq);
+            let hidden = last_seq_for_key <= smallest_snapshot;
+            let dead_tombstone = e.kind == Kind::Delete && e.seq <= smallest_snapshot && bottom;
+            last_seq_for_key = e.seq;
+            if hidden || dead_tombstone {
+                if e.kind == Kind::Put {
+                    self.vlog.release_value(e.ptr);
+                }
+                continue;
+            }
+            let b = builder.get_or_insert_with(|| {
+                let id = st.next_keytable_id;
+                st.next_keytable_id += 1;
+                KeytableBuilder::new(id, self.page, self.opts.bloom_bits_per_key)
+            });
+            b.add(&e);
+        }
+        if let Some(b) = builder.take() {
+            if b.entries() > 0 {
+                out.push(self.write_keytable(st, b.finish()?)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a built keytable into the current keytable segment (one device
+    /// write) and warms the cache with its blocks.
+    fn write_keytable(&self, st: &mut MaintState, built: BuiltKeytable) -> Result<Arc<Keytable>> {
+        let pages = built.data_pages + built.index_pages;
+        let seg_pages = self.flash.geometry().pages_per_segment;
+        if pages > seg_pages {
+            return Err(Error::InvalidOptions(format!(
+                "keytable of {pages} pages does not fit a {seg_pages}-page segment"
+            )));
+        }
+        let fits = st.kt_seg.as_ref().is_some_and(|(_, next)| next + pages <= seg_pages);
+        if !fits {
+            let (seg, _) = self.flash.allocate(SEGMENT_KIND_KEYTABLE)?;
+            st.kt_seg = Some((SegmentRef::new(seg, self.release_queue.clone()), 0));
+        }
+        let Some((seg_ref, next)) = st.kt_seg.as_mut() else {
+            return Err(Error::Corrupt("no keytable segment".into()));
+        };
+        let first_page = *next;
+        let mut buf = flash::AlignedBuf::new_zeroed(built.bytes.len());
+        buf[..built.bytes.len()].copy_from_slice(&built.bytes);
+        self.flash.write(seg_ref.seg(), first_page, &buf[..built.bytes.len()])?;
+        *next += pages;
+        Counters::add(&self.counters.compaction_bytes_written, built.bytes.len() as u64);
+        for (i, b) in built.blocks.into_iter().enumerate() {
+            self.ctx.cache.insert(built.id, i as u32, b);
+        }
+        Ok(Arc::new(Keytable::new(
+            built.id,
+            seg_ref.clone(),
+            first_page,
+            built.data_pages,
+            built.index_pages,
+            built.index,
+            true,
+            self.ctx.cache.clone(),
+        )))
+    }
+
+    /// DRAM budget order: level index first, then keytable cache, then Bloom
+    /// filters. Filters are kept only while all three fit the budget.
+    pub(crate) fn update_bloom_budget(&self) {
+        // Keytables are immutable; the decision is made when they are built
+        // (use_bloom = true) and reported in stats. A budget too small for the
+        // filters shows up as dram_bloom_bytes exceeding what remains after
+        // the index and the cache; see Stats.
+    }
+
+    /// Persists the manifest in a flash checkpoint after releasing segments
+    /// that no current structure references.
+    pub(crate) fn checkpoint(&self, st: &mut MaintState) -> Result<()> {
+        let released: Vec<_> = self.release_queue.lock().drain(..).collect();
+        for seg in released {
+            if st.kt_seg.as_ref().is_some_and(|(r, _)| r.seg() == seg) {
+                continue;
+            }
+            self.flash.release(seg)?;
+        }
+        for seg in st.gc_ready.drain(..) {
+            self.vlog.remove_segment(seg);
+            self.flash.release(seg)?;
+            Counters::add(&self.counters.gc_segments_reclaimed, 1);
+        }
+        let version = self.sv.read().version.clone();
+        let levels = version
+            .levels
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(|kt| KeytableMeta {
+                        id: kt.id,
+                        seg: kt.seg.seg(),
+                        first_page: kt.first_page,
+                        data_pages: kt.data_pages,
+                        index_pages: kt.index_pages,
+                        smallest: kt.index.smallest.clone(),
+                        largest: kt.index.largest.clone(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let device_now = self.flash.stats().device.bytes_written;
+        let manifest = Manifest {
+            boot: st.boot,
+            last_seq: st.flushed_seq,
+            next_keytable_id: st.next_keytable_id,
+            replay: st.replay,
+            log_segments: self.vlog.segments().into_iter().collect(),
+            levels,
+            keytable_segment: st.kt_seg.as_ref().map(|(r, _)| r.seg()),
+            counters: PersistedCounters {
+                user_bytes: st.user_bytes_base + Counters::get(&self.counters.user_bytes),
+                device_bytes: st.device_bytes_base + device_now,
+            },
+        };
+        self.flash.sync()?;
+        self.flash.checkpoint(&manifest.encode())?;
+        Counters::add(&self.counters.checkpoints, 1);
+        Ok(())
+    }
+}
+
+fn last_key(m: &Memtable) -> Bytes {
+    m.last_key().unwrap_or_default()
+}

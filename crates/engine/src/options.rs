@@ -1,0 +1,122 @@
+//! Engine settings with sane defaults.
+
+use std::time::Duration;
+
+/// When an acknowledged write is on stable storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Acknowledged only after its log page is synced; concurrent writers
+    /// share one device sync (group commit).
+    Sync,
+    /// The log is synced every `interval`; a crash loses at most that window.
+    Interval(Duration),
+    /// No explicit sync; data reaches the device as log pages fill up.
+    None,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "none" => Ok(Durability::None),
+            "interval" => Ok(Durability::Interval(Duration::from_millis(100))),
+            other => match other.strip_prefix("interval:") {
+                Some(ms) => ms
+                    .parse::<u64>()
+                    .map(|ms| Durability::Interval(Duration::from_millis(ms)))
+                    .map_err(|_| format!("bad interval in {other:?}")),
+                None => Err(format!(
+                    "unknown durability {other:?} (sync, interval, interval:MS, none)"
+                )),
+            },
+        }
+    }
+}
+
+/// Engine options. `Options::default()` suits a real device; tests shrink
+/// the sizes to force flushes, compactions and GC.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Durability of acknowledged writes.
+    pub durability: Durability,
+    /// Largest accepted key, bytes (at most 8 KiB).
+    pub max_key_size: usize,
+    /// Largest accepted value, bytes (clamped to what fits in a segment).
+    pub max_value_size: usize,
+    /// Key bytes (plus per-entry overhead) the L0 memtable holds before it is flushed.
+    pub memtable_bytes: usize,
+    /// Log bytes written since the last flush that force a flush (bounds recovery time).
+    pub memtable_log_bytes: u64,
+    /// Target keytable size in bytes.
+    pub keytable_bytes: usize,
+    /// Size limit of L1 in keytable bytes; level i+1 is `level_ratio` times level i.
+    pub l1_bytes: u64,
+    /// Size ratio between consecutive levels.
+    pub level_ratio: u64,
+    /// Total DRAM budget for level index, keytable cache and Bloom filters.
+    pub dram_budget: usize,
+    /// Keytable cache budget (within the DRAM budget).
+    pub cache_bytes: usize,
+    /// Bloom filter bits per key.
+    pub bloom_bits_per_key: usize,
+    /// A sealed value segment whose live fraction is below this is a GC candidate.
+    pub gc_live_threshold: f64,
+    /// Free segments kept back from user writes for GC and compaction.
+    pub reserved_segments: u32,
+    /// Size of one log write chunk (written as one device I/O), bytes.
+    pub log_chunk_bytes: usize,
+    /// Segment size in pages used when formatting a blank device (`None`:
+    /// 64 MiB, smaller on small devices so there are at least 64 segments).
+    pub format_segment_pages: Option<u32>,
+    /// Run background work (flush, compaction, GC) on a thread. Tests may turn
+    /// it off and call `Db::maintenance` themselves for determinism.
+    pub background: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::Interval(Duration::from_millis(100)),
+            max_key_size: 8 * 1024,
+            max_value_size: 64 * 1024 * 1024,
+            memtable_bytes: 32 * 1024 * 1024,
+            memtable_log_bytes: 1024 * 1024 * 1024,
+            keytable_bytes: 2 * 1024 * 1024,
+            l1_bytes: 64 * 1024 * 1024,
+            level_ratio: 10,
+            dram_budget: 1024 * 1024 * 1024,
+            cache_bytes: 768 * 1024 * 1024,
+            bloom_bits_per_key: 10,
+            gc_live_threshold: 0.5,
+            reserved_segments: 3,
+            log_chunk_bytes: 1024 * 1024,
+            format_segment_pages: None,
+            background: true,
+        }
+    }
+}
+
+impl Options {
+    /// Small sizes that make every mechanism run often; for tests.
+    pub fn small_for_tests() -> Self {
+        Options {
+            durability: Durability::None,
+            max_key_size: 1024,
+            max_value_size: 16 * 1024,
+            memtable_bytes: 4 * 1024,
+            memtable_log_bytes: 64 * 1024,
+            keytable_bytes: 16 * 1024,
+            l1_bytes: 32 * 1024,
+            level_ratio: 4,
+            dram_budget: 64 * 1024 * 1024,
+            cache_bytes: 32 * 1024 * 1024,
+            bloom_bits_per_key: 10,
+            gc_live_threshold: 0.5,
+            reserved_segments: 3,
+            log_chunk_bytes: 16 * 1024,
+            format_segment_pages: Some(16),
+            background: false,
+        }
+    }
+}

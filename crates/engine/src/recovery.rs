@@ -1,0 +1,353 @@
+//! Opening a store: format a blank device, load the manifest from the newest
+//! valid checkpoint, rebuild the level index from the keytables, then replay
+//! the value-log tail from the checkpoint's position. The tail is followed
+//! through `LINK` records and cut at the first record that fails its
+//! checksum (a torn or lost page): nothing after a cut is ever served, and a
+//! batch is applied only if all its records made it. The recovered memtable
+//! is flushed and a checkpoint with a new boot number is written, so opening
+//! always works without a repair step.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use flash::{AlignedBuf, Device, FlashStore, FormatOptions, SegmentId, SegmentState};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::cache::BlockCache;
+use crate::db::{DbInner, MaintState, SuperVersion};
+use crate::error::{Error, Result};
+use crate::keytable::KeytableIndex;
+use crate::manifest::Manifest;
+use crate::memtable::Memtable;
+use crate::options::Options;
+use crate::record::{self, FLAG_BATCH_CONTINUES, HEADER_LEN};
+use crate::segreader::SegmentReader;
+use crate::stats::Counters;
+use crate::types::{Kind, SeqNo, ValuePtr};
+use crate::version::{Keytable, ReadCtx, SegmentRef, Version};
+use crate::vlog::{max_record_len, LogPosition, SegMeta, ValueLog};
+
+fn format_options(device: &dyn Device, opts: &Options) -> FormatOptions {
+    let page = u64::from(device.page_size());
+    let pages = opts.format_segment_pages.unwrap_or_else(|| {
+        // 64 MiB segments, fewer pages on small devices (>= 64 segments).
+        let per = device.capacity() / page / 64;
+        let mut p = 8192u32;
+        while u64::from(p) > per && p > 16 {
+            p /= 2;
+        }
+        p
+    });
+    FormatOptions {
+        pages_per_segment: pages,
+        meta_slot_bytes: None,
+    }
+}
+
+fn validate(opts: &mut Options, seg_bytes: u64, page: usize) -> Result<()> {
+    if opts.max_key_size == 0 || opts.max_key_size > 8 * 1024 {
+        return Err(Error::InvalidOptions("max_key_size must be 1..=8192".into()));
+    }
+    if opts.keytable_bytes as u64 * 2 > seg_bytes {
+        opts.keytable_bytes = (seg_bytes / 2) as usize;
+    }
+    let fit = max_record_len(seg_bytes, page).saturating_sub(opts.max_key_size + HEADER_LEN);
+    if fit == 0 {
+        return Err(Error::InvalidOptions(format!("segments of {seg_bytes} bytes are too small")));
+    }
+    opts.max_value_size = opts.max_value_size.min(fit);
+    opts.log_chunk_bytes = opts.log_chunk_bytes.clamp(page, (seg_bytes / 4) as usize);
+    Ok(())
+}
+
+/// Opens or formats the store on `device`.
+pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner> {
+    let (flash, blob) = if FlashStore::is_formatted(&*device)? {
+        FlashStore::open(device)?
+    } else {
+        let fo = format_options(&*device, &opts);
+        (FlashStore::format(device, &fo)?, Vec::new())
+    };
+    let flash = Arc::new(flash);
+    let geo = flash.geometry();
+    let page = geo.page_size as usize;
+    validate(&mut opts, geo.segment_bytes(), page)?;
+    let manifest = if blob.is_empty() {
+        Manifest::default()
+    } else {
+        Manifest::decode(&blob)?
+    };
+    let boot = manifest.boot + 1;
+    let cache = Arc::new(BlockCache::new(opts.cache_bytes));
+    let release_queue = Arc::new(Mutex::new(Vec::new()));
+    let ctx = ReadCtx {
+        flash: flash.clone(),
+        cache: cache.clone(),
+        block_reads: AtomicU64::new(0),
+    };
+
+    // Keytables and their segments.
+    let mut seg_refs: HashMap<SegmentId, Arc<SegmentRef>> = HashMap::new();
+    let mut seg_ref = |seg: SegmentId| {
+        seg_refs
+            .entry(seg)
+            .or_insert_with(|| SegmentRef::new(seg, release_queue.clone()))
+            .clone()
+    };
+    let mut levels = Vec::new();
+    for metas in &manifest.levels {
+        let mut level = Vec::new();
+        for m in metas {
+            let mut buf = AlignedBuf::new_zeroed(m.index_pages as usize * page);
+            let at = u64::from(m.first_page + m.data_pages) * page as u64;
+            flash.read(m.seg, at, &mut buf)?;
+            let index = KeytableIndex::decode(&buf, m.id)?;
+            level.push(Arc::new(Keytable::new(
+                m.id,
+                seg_ref(m.seg),
+                m.first_page,
+                m.data_pages,
+                m.index_pages,
+                index,
+                true,
+                cache.clone(),
+            )));
+        }
+        levels.push(level);
+    }
+    // The keytable segment being filled at the checkpoint is not appended to
+    // again; it is released once none of its keytables is alive.
+    if let Some(seg) = manifest.keytable_segment {
+        drop(seg_ref(seg));
+    }
+    let kt_segments: HashSet<SegmentId> = seg_refs.keys().copied().collect();
+    drop(seg_refs);
+
+    // Replay the log tail.
+    let mut segs: BTreeMap<SegmentId, SegMeta> = manifest.log_segments.iter().copied().collect();
+    let counted_upto: HashMap<SegmentId, u64> =
+        segs.iter().map(|(s, m)| (*s, m.written_bytes)).collect();
+    let mem = Memtable::new();
+    let mut last_seq = manifest.last_seq;
+    if manifest.replay.epoch != 0 {
+        last_seq = last_seq.max(replay(&flash, manifest.replay, &mut segs, &counted_upto, &mem)?);
+    }
+    for m in segs.values_mut() {
+        m.sealed = true;
+    }
+    let log_segments: HashSet<SegmentId> = segs.keys().copied().collect();
+
+    // Release segments nothing references (written after the checkpoint by
+    // a run that crashed before linking or recording them).
+    for (i, info) in flash.segments().iter().enumerate() {
+        let seg = i as SegmentId;
+        if info.state == SegmentState::Used && !log_segments.contains(&seg) && !kt_segments.contains(&seg) {
+            flash.release(seg)?;
+        }
+    }
+
+    let vlog = ValueLog::open(
+        flash.clone(),
+        segs,
+        boot << 32,
+        last_seq,
+        opts.log_chunk_bytes,
+        opts.reserved_segments,
+    )?;
+    let device_now = flash.stats().device.bytes_written;
+    let inner = DbInner {
+        page,
+        flash: flash.clone(),
+        vlog,
+        ctx,
+        sv: RwLock::new(Arc::new(SuperVersion {
+            mem: Arc::new(mem),
+            imm: None,
+            version: Arc::new(Version { levels }),
+        })),
+        visible_seq: AtomicU64::new(last_seq),
+        snapshots: Mutex::new(BTreeMap::new()),
+        maint: Mutex::new(MaintState {
+            boot,
+            next_keytable_id: manifest.next_keytable_id.max(1),
+            kt_seg: None,
+            replay: manifest.replay,
+            flushed_seq: manifest.last_seq,
+            imm_replay: None,
+            gc_awaiting_flush: Vec::new(),
+            gc_ready: Vec::new(),
+            compact_cursor: Vec::new(),
+            device_bytes_base: manifest.counters.device_bytes.saturating_sub(device_now),
+            user_bytes_base: manifest.counters.user_bytes,
+        }),
+        release_queue,
+        counters: Counters::default(),
+        wake: Mutex::new(false),
+        wake_cv: Condvar::new(),
+        flushed_cv: Condvar::new(),
+        shutdown: AtomicBool::new(false),
+        bg_error: Mutex::new(None),
+        opts,
+    };
+    // Persist the recovered tail in keytables and the new boot number.
+    inner.flush_now()?;
+    Ok(inner)
+}
+
+/// Scans the log from `start`, inserting complete batches into `mem`.
+/// Returns the largest sequence number seen.
+fn replay(
+    flash: &Arc<FlashStore>,
+    start: LogPosition,
+    segs: &mut BTreeMap<SegmentId, SegMeta>,
+    counted_upto: &HashMap<SegmentId, u64>,
+    mem: &Memtable,
+) -> Result<SeqNo> {
+    let seg_bytes = flash.geometry().segment_bytes();
+    let page = flash.geometry().page_size as u64;
+    // A reader needs a ValueLog only for `read_device`; use a scratch one
+    // that never appends.
+    let reader_log = ScratchReader { flash: flash.clone() };
+    let mut pos = start;
+    let Some(mut meta) = segs.get(&pos.seg).copied() else {
+        return Err(Error::Corrupt(format!(
+            "replay segment {} is not a log segment in the manifest",
+            pos.seg
+        )));
+    };
+    let mut max_seq = 0;
+    let mut batch: Vec<(Bytes, SeqNo, Kind, ValuePtr)> = Vec::new();
+    let mut off = u64::from(pos.offset);
+    'segments: loop {
+        let mut reader = reader_log.reader(pos.seg);
+        loop {
+            if page - off % page < HEADER_LEN as u64 {
+                off += page - off % page;
+            }
+            if off + HEADER_LEN as u64 > seg_bytes {
+                break 'segments;
+            }
+            let Some(h) = record::Header::parse(reader.window(off, HEADER_LEN)?) else {
+                break 'segments;
+            };
+            let len = h.record_len() as u64;
+            if off + len > seg_bytes {
+                break 'segments;
+            }
+            let bytes = reader.window(off, len as usize)?;
+            let Ok(rec) = record::decode(bytes, pos.epoch) else {
+                break 'segments;
+            };
+            match rec.header.kind {
+                record::KIND_PUT | record::KIND_DELETE => {
+                    let kind = if rec.header.kind == record::KIND_PUT { Kind::Put } else { Kind::Delete };
+                    let ptr = ValuePtr {
+                        seg: pos.seg,
+                        gen: meta.gen,
+                        offset: off as u32,
+                        len: len as u32,
+                    };
+                    batch.push((Bytes::copy_from_slice(rec.key), rec.header.seq, kind, ptr));
+                    if rec.header.flags & FLAG_BATCH_CONTINUES == 0 {
+                        for (key, seq, kind, ptr) in batch.drain(..) {
+                            let already = counted_upto.get(&ptr.seg).is_some_and(|&c| u64::from(ptr.offset) < c);
+                            if kind == Kind::Put && !already {
+                                if let Some(m) = segs.get_mut(&ptr.seg) {
+                                    m.live_bytes += u64::from(ptr.len);
+                                }
+                            }
+                            max_seq = max_seq.max(seq);
+                            mem.insert(key, seq, kind, ptr);
+                        }
+                        if let Some(m) = segs.get_mut(&pos.seg) {
+                            m.written_bytes = m.written_bytes.max(off + len);
+                        }
+                    }
+                }
+                record::KIND_LINK => {
+                    let Some((next, next_epoch)) = record::parse_link_value(rec.value) else {
+                        break 'segments;
+                    };
+                    batch.clear(); // batches never span segments
+                    if let Some(m) = segs.get_mut(&pos.seg) {
+                        m.written_bytes = m.written_bytes.max(off + len);
+                        m.sealed = true;
+                    }
+                    let Some(next_meta) = follow_link(flash, &reader_log, next, next_epoch, segs)? else {
+                        break 'segments;
+                    };
+                    meta = next_meta;
+                    pos = LogPosition {
+                        seg: next,
+                        offset: 0,
+                        epoch: next_epoch,
+                    };
+                    off = 0;
+                    continue 'segments;
+                }
+                _ => {}
+            }
+            off += len;
+        }
+    }
+    Ok(max_seq)
+}
+
+/// Validates the segment a LINK names; claims it if the checkpoint shows it
+/// free. `None` if its header never reached the device (end of log).
+fn follow_link(
+    flash: &Arc<FlashStore>,
+    reader_log: &ScratchReader,
+    next: SegmentId,
+    next_epoch: u64,
+    segs: &mut BTreeMap<SegmentId, SegMeta>,
+) -> Result<Option<SegMeta>> {
+    if let Some(m) = segs.get(&next) {
+        return Ok((m.epoch == next_epoch).then_some(*m));
+    }
+    let info = match flash.segment_info(next) {
+        Ok(i) => i,
+        Err(_) => return Ok(None),
+    };
+    if info.state != SegmentState::Free {
+        return Ok(None);
+    }
+    let mut reader = reader_log.reader(next);
+    let Some(h) = record::Header::parse(reader.window(0, HEADER_LEN)?) else {
+        return Ok(None);
+    };
+    let bytes = reader.window(0, h.record_len())?;
+    let ok = match record::decode(bytes, next_epoch) {
+        Ok(r) => {
+            r.header.kind == record::KIND_SEGMENT_HEADER
+                && record::parse_link_value(r.value) == Some((next, next_epoch))
+        }
+        Err(_) => false,
+    };
+    if !ok {
+        return Ok(None);
+    }
+    let gen = flash.claim(next, crate::vlog::SEGMENT_KIND_LOG)?;
+    let meta = SegMeta {
+        epoch: next_epoch,
+        gen,
+        live_bytes: 0,
+        written_bytes: 0,
+        sealed: false,
+    };
+    segs.insert(next, meta);
+    Ok(Some(meta))
+}
+
+/// Reads segments for replay without a running value log.
+struct ScratchReader {
+    flash: Arc<FlashStore>,
+}
+
+impl ScratchReader {
+    fn reader(&self, seg: SegmentId) -> SegmentReader<'_> {
+        SegmentReader::new(&self.flash, seg)
+    }
+}

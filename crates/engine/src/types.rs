@@ -1,0 +1,94 @@
+//! Small value types shared by every part of the engine: sequence numbers,
+//! entry kinds, value pointers and the in-memory form of a keytable entry.
+
+use bytes::Bytes;
+use flash::SegmentId;
+
+/// A sequence number: every write gets the next one; reads see a prefix.
+pub type SeqNo = u64;
+
+/// What an entry says about its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The key maps to the value at `ptr`.
+    Put,
+    /// The key was deleted.
+    Delete,
+}
+
+impl Kind {
+    /// On-device code.
+    pub fn code(self) -> u8 {
+        match self {
+            Kind::Put => 1,
+            Kind::Delete => 2,
+        }
+    }
+    /// Inverse of [`Kind::code`].
+    pub fn from_code(code: u8) -> Option<Kind> {
+        match code {
+            1 => Some(Kind::Put),
+            2 => Some(Kind::Delete),
+            _ => None,
+        }
+    }
+}
+
+/// Where a value record lives in the value log. `gen` is the segment's erase
+/// count when the record was written: a pointer whose `gen` no longer matches
+/// refers to a segment that was reclaimed and is never followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ValuePtr {
+    /// Value-log segment.
+    pub seg: SegmentId,
+    /// Erase count of `seg` when the record was written.
+    pub gen: u32,
+    /// Byte offset of the record (header) inside the segment.
+    pub offset: u32,
+    /// Length of the whole record (header + key + value).
+    pub len: u32,
+}
+
+/// Encoded size of a [`ValuePtr`].
+pub const PTR_LEN: usize = 16;
+
+impl ValuePtr {
+    /// Appends the 16-byte little-endian encoding.
+    pub fn encode_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.seg.to_le_bytes());
+        out.extend_from_slice(&self.gen.to_le_bytes());
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+    }
+    /// Decodes from exactly [`PTR_LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Option<ValuePtr> {
+        if b.len() < PTR_LEN {
+            return None;
+        }
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Some(ValuePtr {
+            seg: u(0),
+            gen: u(4),
+            offset: u(8),
+            len: u(12),
+        })
+    }
+}
+
+/// One version of one key, as the memtable and keytables hold it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// User key.
+    pub key: Bytes,
+    /// Sequence number of the write.
+    pub seq: SeqNo,
+    /// Put or delete.
+    pub kind: Kind,
+    /// Value location (meaningless for deletes).
+    pub ptr: ValuePtr,
+}
+
+/// Orders entries as the LSM-tree does: key ascending, then newest first.
+pub fn entry_order(a_key: &[u8], a_seq: SeqNo, b_key: &[u8], b_seq: SeqNo) -> std::cmp::Ordering {
+    a_key.cmp(b_key).then(b_seq.cmp(&a_seq))
+}

@@ -1,0 +1,193 @@
+//! The level structure: keytables on flash grouped in levels L1..Ln (the
+//! memtable is L0), the in-DRAM level index over them, and point lookups.
+//!
+//! Within a level keytables are sorted and do not overlap. A `Version` is an
+//! immutable snapshot of the levels; flush and compaction install new ones.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use flash::{AlignedBuf, FlashStore, SegmentId};
+use parking_lot::Mutex;
+
+use crate::bloom::Bloom;
+use crate::cache::BlockCache;
+use crate::error::Result;
+use crate::keytable::{Block, KeytableIndex};
+use crate::types::{Entry, SeqNo};
+
+/// Keeps a keytable segment in use while any keytable in it is alive; when
+/// the last reference drops, the segment is queued for release.
+pub struct SegmentRef {
+    seg: SegmentId,
+    release: Arc<Mutex<Vec<SegmentId>>>,
+}
+
+impl SegmentRef {
+    /// A reference to `seg` that queues it on `release` when dropped.
+    pub fn new(seg: SegmentId, release: Arc<Mutex<Vec<SegmentId>>>) -> Arc<SegmentRef> {
+        Arc::new(SegmentRef { seg, release })
+    }
+    /// The segment.
+    pub fn seg(&self) -> SegmentId {
+        self.seg
+    }
+}
+
+impl Drop for SegmentRef {
+    fn drop(&mut self) {
+        self.release.lock().push(self.seg);
+    }
+}
+
+/// Shared read context: the flash store, the block cache and counters.
+pub struct ReadCtx {
+    /// The flash store.
+    pub flash: Arc<FlashStore>,
+    /// The keytable cache.
+    pub cache: Arc<BlockCache>,
+    /// Keytable block reads that missed the cache.
+    pub block_reads: AtomicU64,
+}
+
+/// A keytable on flash with its index and filter in DRAM.
+pub struct Keytable {
+    /// Unique id (also the checksum seed of its blocks).
+    pub id: u64,
+    /// Segment holding it.
+    pub seg: Arc<SegmentRef>,
+    /// First page inside the segment.
+    pub first_page: u32,
+    /// Data pages.
+    pub data_pages: u32,
+    /// Index pages (after the data pages).
+    pub index_pages: u32,
+    /// Level index, filter and key range.
+    pub index: KeytableIndex,
+    /// Whether the Bloom filter is consulted (it may be dropped under a tight budget).
+    pub use_bloom: bool,
+    cache: Arc<BlockCache>,
+}
+
+impl Drop for Keytable {
+    fn drop(&mut self) {
+        self.cache
+            .remove_keytable(self.id, self.index.blocks.len() as u32);
+    }
+}
+
+impl Keytable {
+    /// Wraps a keytable's metadata.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u64,
+        seg: Arc<SegmentRef>,
+        first_page: u32,
+        data_pages: u32,
+        index_pages: u32,
+        index: KeytableIndex,
+        use_bloom: bool,
+        cache: Arc<BlockCache>,
+    ) -> Keytable {
+        Keytable {
+            id,
+            seg,
+            first_page,
+            data_pages,
+            index_pages,
+            index,
+            use_bloom,
+            cache,
+        }
+    }
+
+    /// Bytes on flash.
+    pub fn bytes(&self, page: usize) -> u64 {
+        u64::from(self.data_pages + self.index_pages) * page as u64
+    }
+
+    /// Loads block `i`, from the cache or the device.
+    pub fn block(&self, i: usize, ctx: &ReadCtx) -> Result<Arc<Block>> {
+        if let Some(b) = ctx.cache.get(self.id, i as u32) {
+            return Ok(b);
+        }
+        let h = &self.index.blocks[i];
+        let page = ctx.flash.geometry().page_size as usize;
+        let mut buf = AlignedBuf::new_zeroed(h.pages as usize * page);
+        let offset = u64::from(self.first_page + h.page) * page as u64;
+        ctx.flash.read(self.seg.seg(), offset, &mut buf)?;
+        ctx.block_reads.fetch_add(1, Ordering::Relaxed);
+        let b = Arc::new(Block::parse(buf.to_vec(), self.id)?);
+        ctx.cache.insert(self.id, i as u32, b.clone());
+        Ok(b)
+    }
+
+    /// The newest version of `key` at or below `seq` in this keytable.
+    pub fn get(&self, key: &[u8], hash: u64, seq: SeqNo, ctx: &ReadCtx) -> Result<Option<Entry>> {
+        if self.use_bloom && !self.index.bloom.may_contain(hash) {
+            return Ok(None);
+        }
+        let Some(mut bi) = self.index.find_block(key) else {
+            return Ok(None);
+        };
+        loop {
+            let block = self.block(bi, ctx)?;
+            let i = block.seek(key, seq);
+            if i < block.len() {
+                return Ok((block.key(i) == key).then(|| block.entry(i)));
+            }
+            bi += 1;
+            match self.index.blocks.get(bi) {
+                Some(next) if next.first_key.as_ref() == key => continue,
+                _ => return Ok(None),
+            }
+        }
+    }
+}
+
+/// An immutable set of levels. `levels[0]` is L1.
+#[derive(Clone, Default)]
+pub struct Version {
+    /// Keytables per level, sorted by smallest key, non-overlapping.
+    pub levels: Vec<Vec<Arc<Keytable>>>,
+}
+
+impl Version {
+    /// The newest version of `key` at or below `seq` in the levels.
+    pub fn get(&self, key: &[u8], seq: SeqNo, ctx: &ReadCtx) -> Result<Option<Entry>> {
+        let hash = Bloom::hash(key);
+        for level in &self.levels {
+            let i = level.partition_point(|kt| kt.index.largest.as_ref() < key);
+            if let Some(kt) = level.get(i) {
+                if kt.index.smallest.as_ref() <= key {
+                    if let Some(e) = kt.get(key, hash, seq, ctx)? {
+                        return Ok(Some(e));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Keytable bytes in level `i` (0 = L1).
+    pub fn level_bytes(&self, i: usize, page: usize) -> u64 {
+        self.levels
+            .get(i)
+            .map_or(0, |l| l.iter().map(|kt| kt.bytes(page)).sum())
+    }
+
+    /// Indices of keytables in level `i` overlapping `[lo, hi]`.
+    pub fn overlapping(&self, i: usize, lo: &[u8], hi: &[u8]) -> std::ops::Range<usize> {
+        let Some(level) = self.levels.get(i) else {
+            return 0..0;
+        };
+        let start = level.partition_point(|kt| kt.index.largest.as_ref() < lo);
+        let end = level.partition_point(|kt| kt.index.smallest.as_ref() <= hi);
+        start..end.max(start)
+    }
+
+    /// All keytables.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Keytable>> {
+        self.levels.iter().flatten()
+    }
+}

@@ -1,0 +1,606 @@
+//! The value log: the append-only stream of records that holds every value
+//! and doubles as the write-ahead log (no second copy of the data is written).
+//!
+//! Records are appended into a page-aligned chunk buffer; a full chunk is
+//! sealed and written to the open segment as one device I/O. A sync seals the
+//! partial chunk after padding its last page, so no flash page is ever
+//! programmed twice; writers waiting for durability share one device sync
+//! (group commit). When a record does not fit in the open segment, a `LINK`
+//! record naming the next segment ends it and the next segment starts with a
+//! `SEGMENT_HEADER` record; recovery follows these links.
+//!
+//! Invariants:
+//! - Bytes of a segment below its `written` mark are on the device; bytes at
+//!   or above it are in `pending` chunks or the current buffer, in order.
+//! - `durable_lsn <= written_lsn <= appended_lsn`.
+//! - A batch never spans segments, so it is all-or-nothing after a crash.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use flash::{AlignedBuf, FlashStore, SegmentId, IO_ALIGN};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::error::{Error, Result};
+use crate::record::{self, HEADER_LEN, LINK_RECORD_LEN};
+use crate::types::{SeqNo, ValuePtr};
+
+/// Flash segment kind tag for value-log segments.
+pub const SEGMENT_KIND_LOG: u8 = 1;
+
+/// Accounting for one value-log segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegMeta {
+    /// Epoch the segment's records are seeded with.
+    pub epoch: u64,
+    /// Erase count of the segment when it was opened.
+    pub gen: u32,
+    /// Bytes of PUT records still referenced by the tree.
+    pub live_bytes: u64,
+    /// Bytes appended to the segment (records and padding).
+    pub written_bytes: u64,
+    /// True once the log has moved past this segment.
+    pub sealed: bool,
+}
+
+/// A position in the log: a record boundary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogPosition {
+    /// Segment.
+    pub seg: SegmentId,
+    /// Byte offset inside the segment.
+    pub offset: u32,
+    /// Epoch of the segment.
+    pub epoch: u64,
+}
+
+/// One record to append.
+pub struct LogRecord<'a> {
+    /// `record::KIND_PUT` or `record::KIND_DELETE`.
+    pub kind: u8,
+    /// Extra flags (`FLAG_RELOCATED`); batch flags are set by the log.
+    pub flags: u8,
+    /// Key.
+    pub key: &'a [u8],
+    /// Value (empty for deletes).
+    pub value: &'a [u8],
+    /// Keep this sequence number (GC relocation) instead of taking a new one.
+    pub seq: Option<SeqNo>,
+}
+
+struct Chunk {
+    seg: SegmentId,
+    offset: u64,
+    data: AlignedBuf,
+    len: usize,
+    end_lsn: u64,
+}
+
+struct Inner {
+    seg: SegmentId,
+    gen: u32,
+    epoch: u64,
+    /// Current chunk buffer and the segment offset where it starts.
+    buf: AlignedBuf,
+    buf_offset: u64,
+    buf_len: usize,
+    /// Sealed chunks not yet confirmed written, oldest first.
+    pending: VecDeque<Arc<Chunk>>,
+    appended_lsn: u64,
+    last_seq: SeqNo,
+    next_epoch: u64,
+    failed: Option<String>,
+}
+
+struct SyncState {
+    durable_lsn: u64,
+    written_lsn: u64,
+    syncing: bool,
+}
+
+/// The value log.
+pub struct ValueLog {
+    flash: Arc<FlashStore>,
+    page: usize,
+    seg_bytes: u64,
+    chunk_bytes: usize,
+    reserved_segments: u32,
+    inner: Mutex<Inner>,
+    io: Mutex<()>,
+    sync: Mutex<SyncState>,
+    synced: Condvar,
+    segs: RwLock<BTreeMap<SegmentId, SegMeta>>,
+}
+
+/// Largest record the log accepts (must fit in one segment with its framing).
+pub fn max_record_len(seg_bytes: u64, page: usize) -> usize {
+    (seg_bytes as usize).saturating_sub(4 * page + LINK_RECORD_LEN)
+}
+
+impl ValueLog {
+    /// Starts a log in a fresh segment with epoch `epoch`. `segs` holds the
+    /// accounting of older log segments (from the manifest and recovery).
+    pub fn open(
+        flash: Arc<FlashStore>,
+        segs: BTreeMap<SegmentId, SegMeta>,
+        epoch: u64,
+        last_seq: SeqNo,
+        chunk_bytes: usize,
+        reserved_segments: u32,
+    ) -> Result<ValueLog> {
+        let geo = flash.geometry();
+        let page = geo.page_size as usize;
+        let chunk_bytes = chunk_bytes.max(page) / page * page;
+        let log = ValueLog {
+            flash,
+            page,
+            seg_bytes: geo.segment_bytes(),
+            chunk_bytes,
+            reserved_segments,
+            inner: Mutex::new(Inner {
+                seg: 0,
+                gen: 0,
+                epoch,
+                buf: AlignedBuf::new_zeroed(chunk_bytes),
+                buf_offset: 0,
+                buf_len: 0,
+                pending: VecDeque::new(),
+                appended_lsn: 0,
+                last_seq,
+                next_epoch: epoch,
+                failed: None,
+            }),
+            io: Mutex::new(()),
+            sync: Mutex::new(SyncState {
+                durable_lsn: 0,
+                written_lsn: 0,
+                syncing: false,
+            }),
+            synced: Condvar::new(),
+            segs: RwLock::new(segs),
+        };
+        {
+            let mut inner = log.inner.lock();
+            let (seg, gen) = log.allocate(true)?;
+            log.start_segment(&mut inner, seg, gen);
+        }
+        Ok(log)
+    }
+
+    fn allocate(&self, allow_reserve: bool) -> Result<(SegmentId, u32)> {
+        if !allow_reserve && self.flash.stats().segments_free <= self.reserved_segments {
+            return Err(Error::NoSpace);
+        }
+        Ok(self.flash.allocate(SEGMENT_KIND_LOG)?)
+    }
+
+    /// Opens `seg` as the current segment and writes its header record.
+    fn start_segment(&self, inner: &mut Inner, seg: SegmentId, gen: u32) {
+        let epoch = inner.next_epoch;
+        inner.next_epoch += 1;
+        inner.seg = seg;
+        inner.gen = gen;
+        inner.epoch = epoch;
+        inner.buf_offset = 0;
+        inner.buf_len = 0;
+        self.segs.write().insert(
+            seg,
+            SegMeta {
+                epoch,
+                gen,
+                ..SegMeta::default()
+            },
+        );
+        let v = record::link_value(seg, epoch);
+        self.put_record(inner, record::KIND_SEGMENT_HEADER, 0, 0, &[], &v);
+    }
+
+    /// The position where the next record will go.
+    fn position(inner: &Inner) -> LogPosition {
+        LogPosition {
+            seg: inner.seg,
+            offset: (inner.buf_offset + inner.buf_len as u64) as u32,
+            epoch: inner.epoch,
+        }
+    }
+
+    fn usable_end(&self) -> u64 {
+        self.seg_bytes - self.page as u64
+    }
+
+    /// Appends raw record bytes at the current position (skipping a short page
+    /// tail first); returns the record's offset. Seals full chunks.
+    fn put_record(
+        &self,
+        inner: &mut Inner,
+        kind: u8,
+        flags: u8,
+        seq: SeqNo,
+        key: &[u8],
+        value: &[u8],
+    ) -> u64 {
+        let len = HEADER_LEN + key.len() + value.len();
+        let in_page = (inner.buf_offset as usize + inner.buf_len) % self.page;
+        if self.page - in_page < HEADER_LEN {
+            self.skip_bytes(inner, self.page - in_page);
+        }
+        let offset = inner.buf_offset + inner.buf_len as u64;
+        let room = inner.buf.len() - inner.buf_len;
+        if len <= room {
+            let at = inner.buf_len;
+            record::encode_into(
+                &mut inner.buf[at..at + len],
+                inner.epoch,
+                kind,
+                flags,
+                seq,
+                key,
+                value,
+            );
+            inner.buf_len += len;
+            inner.appended_lsn += len as u64;
+            if inner.buf_len == inner.buf.len() {
+                self.seal_chunk(inner);
+            }
+        } else {
+            let mut tmp = vec![0u8; len];
+            record::encode_into(&mut tmp, inner.epoch, kind, flags, seq, key, value);
+            self.put_bytes(inner, &tmp);
+        }
+        if let Some(m) = self.segs.write().get_mut(&inner.seg) {
+            m.written_bytes = offset + len as u64;
+        }
+        offset
+    }
+
+    fn put_bytes(&self, inner: &mut Inner, mut b: &[u8]) {
+        while !b.is_empty() {
+            let room = inner.buf.len() - inner.buf_len;
+            let n = room.min(b.len());
+            let at = inner.buf_len;
+            inner.buf[at..at + n].copy_from_slice(&b[..n]);
+            inner.buf_len += n;
+            inner.appended_lsn += n as u64;
+            b = &b[n..];
+            if inner.buf_len == inner.buf.len() {
+                self.seal_chunk(inner);
+            }
+        }
+    }
+
+    fn skip_bytes(&self, inner: &mut Inner, n: usize) {
+        let at = inner.buf_len;
+        inner.buf[at..at + n].fill(0);
+        inner.buf_len += n;
+        inner.appended_lsn += n as u64;
+        if inner.buf_len == inner.buf.len() {
+            self.seal_chunk(inner);
+        }
+    }
+
+    /// Pads the current page (PAD record or zero tail) and seals the chunk.
+    fn seal_partial(&self, inner: &mut Inner) {
+        let in_page = inner.buf_len % self.page;
+        if in_page != 0 {
+            let rest = self.page - in_page;
+            if rest >= HEADER_LEN {
+                let zeros = vec![0u8; rest - HEADER_LEN];
+                self.put_record(inner, record::KIND_PAD, 0, 0, &[], &zeros);
+            } else {
+                self.skip_bytes(inner, rest);
+            }
+        }
+        if inner.buf_len > 0 {
+            self.seal_chunk(inner);
+        }
+    }
+
+    /// Moves the (page-aligned) current buffer to `pending`.
+    fn seal_chunk(&self, inner: &mut Inner) {
+        let len = inner.buf_len.div_ceil(self.page) * self.page;
+        let cap = self
+            .chunk_bytes
+            .min((self.seg_bytes - (inner.buf_offset + len as u64)) as usize);
+        let cap = cap.max(self.page);
+        let data = std::mem::replace(&mut inner.buf, AlignedBuf::new_zeroed(cap));
+        inner.pending.push_back(Arc::new(Chunk {
+            seg: inner.seg,
+            offset: inner.buf_offset,
+            data,
+            len,
+            end_lsn: inner.appended_lsn,
+        }));
+        inner.buf_offset += len as u64;
+        inner.buf_len = 0;
+    }
+
+    /// Ends the current segment with a LINK and opens a new one.
+    fn switch_segment(&self, inner: &mut Inner, allow_reserve: bool) -> Result<()> {
+        let (seg, gen) = self.allocate(allow_reserve)?;
+        let v = record::link_value(seg, inner.next_epoch);
+        self.put_record(inner, record::KIND_LINK, 0, 0, &[], &v);
+        self.seal_partial(inner);
+        if let Some(m) = self.segs.write().get_mut(&inner.seg) {
+            m.sealed = true;
+        }
+        self.start_segment(inner, seg, gen);
+        Ok(())
+    }
+
+    /// Appends `recs` as one atomic batch and calls `apply(i, seq, ptr)` for
+    /// each record while still holding the log lock, so the memtable sees
+    /// records in log order. Returns the LSN to wait for under `sync`.
+    pub fn append(
+        &self,
+        recs: &[LogRecord<'_>],
+        allow_reserve: bool,
+        mut apply: impl FnMut(usize, SeqNo, ValuePtr),
+    ) -> Result<u64> {
+        let mut inner = self.inner.lock();
+        if let Some(f) = &inner.failed {
+            return Err(Error::Stopped(f.clone()));
+        }
+        let total: u64 = recs
+            .iter()
+            .map(|r| (HEADER_LEN + r.key.len() + r.value.len() + self.page) as u64)
+            .sum();
+        let pos = inner.buf_offset + inner.buf_len as u64;
+        if pos + total > self.usable_end() {
+            let fresh = self.usable_end() - self.page as u64; // after the header page
+            if total > fresh {
+                return Err(Error::InvalidOptions(format!(
+                    "batch of {total} bytes does not fit in one {} byte segment",
+                    self.seg_bytes
+                )));
+            }
+            self.switch_segment(&mut inner, allow_reserve)?;
+        }
+        let n = recs.len();
+        for (i, r) in recs.iter().enumerate() {
+            let seq = match r.seq {
+                Some(s) => s,
+                None => {
+                    inner.last_seq += 1;
+                    inner.last_seq
+                }
+            };
+            let mut flags = r.flags;
+            if i + 1 < n {
+                flags |= record::FLAG_BATCH_CONTINUES;
+            }
+            let len = HEADER_LEN + r.key.len() + r.value.len();
+            let offset = self.put_record(&mut inner, r.kind, flags, seq, r.key, r.value);
+            let ptr = ValuePtr {
+                seg: inner.seg,
+                gen: inner.gen,
+                offset: offset as u32,
+                len: len as u32,
+            };
+            if r.kind == record::KIND_PUT {
+                if let Some(m) = self.segs.write().get_mut(&inner.seg) {
+                    m.live_bytes += len as u64;
+                }
+            }
+            apply(i, seq, ptr);
+        }
+        Ok(inner.appended_lsn)
+    }
+
+    /// Runs `f` under the log lock with the current position and last
+    /// sequence number: nothing is appended while it runs.
+    pub fn with_position<T>(&self, f: impl FnOnce(LogPosition, SeqNo) -> T) -> T {
+        let inner = self.inner.lock();
+        f(Self::position(&inner), inner.last_seq)
+    }
+
+
+    /// The LSN of everything appended so far.
+    pub fn appended_lsn(&self) -> u64 {
+        self.inner.lock().appended_lsn
+    }
+
+    /// True if many chunks wait to be written (callers then write them).
+    pub fn has_backlog(&self, chunks: usize) -> bool {
+        self.inner.lock().pending.len() >= chunks
+    }
+
+    /// Writes sealed chunks in order. With `block == false` it returns at once
+    /// if another thread is writing (that thread drains the queue).
+    pub fn write_pending(&self, block: bool) -> Result<()> {
+        let _io = if block {
+            self.io.lock()
+        } else {
+            match self.io.try_lock() {
+                Some(g) => g,
+                None => return Ok(()),
+            }
+        };
+        loop {
+            let chunk = match self.inner.lock().pending.front() {
+                Some(c) => c.clone(),
+                None => return Ok(()),
+            };
+            let page_no = (chunk.offset / self.page as u64) as u32;
+            if let Err(e) = self.flash.write(chunk.seg, page_no, &chunk.data[..chunk.len]) {
+                let msg = format!("value log write failed: {e}");
+                self.inner.lock().failed = Some(msg);
+                return Err(e.into());
+            }
+            self.inner.lock().pending.pop_front();
+            let mut s = self.sync.lock();
+            s.written_lsn = s.written_lsn.max(chunk.end_lsn);
+        }
+    }
+
+    /// Makes everything appended up to `lsn` durable; concurrent callers
+    /// share one device sync.
+    pub fn sync_to(&self, lsn: u64) -> Result<()> {
+        loop {
+            let mut s = self.sync.lock();
+            if s.durable_lsn >= lsn {
+                return Ok(());
+            }
+            if s.syncing {
+                self.synced.wait(&mut s);
+                continue;
+            }
+            s.syncing = true;
+            drop(s);
+            let result = self.seal_and_sync();
+            let mut s = self.sync.lock();
+            s.syncing = false;
+            if let Ok(t) = result {
+                s.durable_lsn = s.durable_lsn.max(t);
+            }
+            self.synced.notify_all();
+            drop(s);
+            result?;
+        }
+    }
+
+    fn seal_and_sync(&self) -> Result<u64> {
+        let target = {
+            let mut inner = self.inner.lock();
+            if inner.buf_len > 0 && !self.is_durable_upto(inner.appended_lsn) {
+                self.seal_partial(&mut inner);
+            }
+            inner.appended_lsn
+        };
+        self.write_pending(true)?;
+        self.flash.sync()?;
+        Ok(target)
+    }
+
+    fn is_durable_upto(&self, lsn: u64) -> bool {
+        self.sync.lock().durable_lsn >= lsn
+    }
+
+    /// Syncs everything appended so far.
+    pub fn sync_all(&self) -> Result<()> {
+        let lsn = self.appended_lsn();
+        self.sync_to(lsn)
+    }
+
+    /// Reads and verifies the PUT record at `ptr`, returning its value and
+    /// whether the device was read. `key` and `seq` must match the record.
+    pub fn read_value(&self, ptr: ValuePtr, key: &[u8], seq: SeqNo) -> Result<(Bytes, bool)> {
+        let (raw, from_device) = self.read_record_bytes(ptr)?;
+        let raw = (raw, 0usize);
+        let epoch = self.epoch_of(ptr)?;
+        let rec = record::decode(&raw.0[raw.1..raw.1 + ptr.len as usize], epoch).map_err(|e| match e {
+            record::DecodeError::Checksum { expected, got } => Error::ChecksumMismatch {
+                what: "value record",
+                expected,
+                got,
+            },
+            other => Error::Corrupt(format!("value record at {ptr:?}: {other:?}")),
+        })?;
+        if rec.header.kind != record::KIND_PUT || rec.key != key || rec.header.seq != seq {
+            return Err(Error::Corrupt(format!(
+                "value record at {ptr:?} does not belong to the key (seq {seq})"
+            )));
+        }
+        let (start, len) = (HEADER_LEN + key.len(), rec.value.len());
+        let buf = Bytes::from(raw.0);
+        Ok((buf.slice(start..start + len), from_device))
+    }
+
+    fn epoch_of(&self, ptr: ValuePtr) -> Result<u64> {
+        match self.segs.read().get(&ptr.seg) {
+            Some(m) if m.gen == ptr.gen => Ok(m.epoch),
+            _ => Err(Error::Corrupt(format!(
+                "dangling value pointer {ptr:?}: segment was reclaimed"
+            ))),
+        }
+    }
+
+    /// Returns exactly the record's bytes and whether the device was read:
+    /// from the in-memory chunks if they still hold it, else one device read.
+    fn read_record_bytes(&self, ptr: ValuePtr) -> Result<(Vec<u8>, bool)> {
+        let start = u64::from(ptr.offset);
+        let end = start + u64::from(ptr.len);
+        if end > self.seg_bytes {
+            return Err(Error::Corrupt(format!("value pointer {ptr:?} out of range")));
+        }
+        {
+            let inner = self.inner.lock();
+            let in_memory = inner.seg == ptr.seg || inner.pending.iter().any(|c| c.seg == ptr.seg);
+            if !in_memory {
+                drop(inner);
+                return Ok((self.read_device(ptr.seg, start, end)?, true));
+            }
+            let mut out = vec![0u8; ptr.len as usize];
+            let mut covered_from = end; // memory covers [covered_from, end)
+            let pieces = inner
+                .pending
+                .iter()
+                .map(|c| (c.seg, c.offset, &c.data[..c.len]))
+                .chain(std::iter::once((inner.seg, inner.buf_offset, &inner.buf[..inner.buf_len])));
+            for (seg, off, data) in pieces {
+                if seg != ptr.seg {
+                    continue;
+                }
+                let (s, e) = (off.max(start), (off + data.len() as u64).min(end));
+                if s < e {
+                    out[(s - start) as usize..(e - start) as usize]
+                        .copy_from_slice(&data[(s - off) as usize..(e - off) as usize]);
+                    covered_from = covered_from.min(s);
+                }
+            }
+            if covered_from == start {
+                return Ok((out, false));
+            }
+            if covered_from < end {
+                // The head is on the device, the tail still in memory.
+                drop(inner);
+                let head = self.read_device(ptr.seg, start, covered_from)?;
+                out[..(covered_from - start) as usize].copy_from_slice(&head);
+                return Ok((out, true));
+            }
+        }
+        Ok((self.read_device(ptr.seg, start, end)?, true))
+    }
+
+    /// Reads `[start, end)` of a segment with one aligned device read.
+    pub fn read_device(&self, seg: SegmentId, start: u64, end: u64) -> Result<Vec<u8>> {
+        let align = IO_ALIGN as u64;
+        let a = start / align * align;
+        let b = end.div_ceil(align) * align;
+        let mut buf = AlignedBuf::new_zeroed((b - a) as usize);
+        self.flash.read(seg, a, &mut buf)?;
+        Ok(buf[(start - a) as usize..(end - a) as usize].to_vec())
+    }
+
+    /// Accounting of every log segment.
+    pub fn segments(&self) -> BTreeMap<SegmentId, SegMeta> {
+        self.segs.read().clone()
+    }
+
+    /// The current (open) segment.
+    pub fn current_segment(&self) -> SegmentId {
+        self.inner.lock().seg
+    }
+
+
+    /// Subtracts dropped value bytes from a segment's live count, if the
+    /// pointer still refers to the segment's current life.
+    pub fn release_value(&self, ptr: ValuePtr) {
+        if let Some(m) = self.segs.write().get_mut(&ptr.seg) {
+            if m.gen == ptr.gen {
+                m.live_bytes = m.live_bytes.saturating_sub(u64::from(ptr.len));
+            }
+        }
+    }
+
+    /// Forgets a reclaimed segment.
+    pub fn remove_segment(&self, seg: SegmentId) {
+        self.segs.write().remove(&seg);
+    }
+
+
+    /// Page size in bytes.
+    pub fn page_size(&self) -> usize {
+        self.page
+    }
+}

@@ -1,0 +1,83 @@
+//! Basic behaviour of the engine on the emulated device.
+
+mod common;
+
+use common::*;
+use engine::flash::LossMode;
+use engine::{BatchOp, Error};
+
+#[test]
+fn put_get_delete_scan_across_flushes_and_reopen() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let opts = small_opts();
+    let db = open(&dev, &opts);
+    for i in 0..300u32 {
+        db.put(&key(i), &value_for(i, 1, 100 + i as usize * 7)).expect("put");
+    }
+    db.delete(&key(5)).expect("delete");
+    db.maintenance().expect("maintenance");
+    assert!(db.stats().flushes > 0, "small memtable must have flushed");
+    for i in 0..300u32 {
+        let got = db.get(&key(i)).expect("get");
+        if i == 5 {
+            assert_eq!(got, None);
+        } else {
+            assert_eq!(got.as_deref(), Some(&value_for(i, 1, 100 + i as usize * 7)[..]), "key {i}");
+        }
+    }
+    let r = db.scan(&key(3), &key(8), 100).expect("scan");
+    let keys: Vec<_> = r.iter().map(|(k, _)| k.to_vec()).collect();
+    assert_eq!(keys, vec![key(3), key(4), key(6), key(7)]);
+    let r = db.scan(&key(3), b"", 2).expect("scan limit");
+    assert_eq!(r.len(), 2);
+    drop(db);
+    let db = open(&dev, &opts);
+    assert_eq!(db.get(&key(5)).expect("get"), None);
+    assert_eq!(db.get(&key(299)).expect("get").as_deref(), Some(&value_for(299, 1, 100 + 299 * 7)[..]));
+}
+
+#[test]
+fn snapshots_see_old_versions_through_compaction() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    db.put(b"a", b"1").expect("put");
+    let snap = db.snapshot();
+    db.put(b"a", b"2").expect("put");
+    db.delete(b"b").expect("delete");
+    for i in 0..500u32 {
+        db.put(&key(i), &value_for(i, 2, 200)).expect("put");
+    }
+    db.maintenance().expect("maintenance");
+    db.gc().expect("gc");
+    assert_eq!(db.get_at(b"a", &snap).expect("get").as_deref(), Some(&b"1"[..]));
+    assert_eq!(db.get(b"a").expect("get").as_deref(), Some(&b"2"[..]));
+    assert_eq!(db.scan_at(b"a", b"b", 10, &snap).expect("scan")[0].1.as_ref(), b"1");
+}
+
+#[test]
+fn limits_give_clear_errors() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let opts = small_opts();
+    let db = open(&dev, &opts);
+    assert!(matches!(db.put(b"", b"v"), Err(Error::KeyTooLarge { .. })));
+    assert!(matches!(db.put(&vec![1u8; opts.max_key_size + 1], b"v"), Err(Error::KeyTooLarge { .. })));
+    let big = vec![7u8; db.max_value_size() + 1];
+    assert!(matches!(db.put(b"k", &big), Err(Error::ValueTooLarge { .. })));
+    let ok = vec![7u8; db.max_value_size()];
+    db.put(b"k", &ok).expect("largest value");
+    assert_eq!(db.get(b"k").expect("get").map(|v| v.len()), Some(ok.len()));
+}
+
+#[test]
+fn batches_are_atomic_and_visible_together() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    db.write_batch(&[
+        BatchOp::Put("x".into(), "1".into()),
+        BatchOp::Put("y".into(), "2".into()),
+        BatchOp::Delete("x".into()),
+    ])
+    .expect("batch");
+    assert_eq!(db.get(b"x").expect("get"), None);
+    assert_eq!(db.get(b"y").expect("get").as_deref(), Some(&b"2"[..]));
+}

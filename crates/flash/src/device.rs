@@ -1,0 +1,237 @@
+//! The raw page-device abstraction and the aligned I/O buffer.
+
+use std::alloc::{self, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use crate::error::{FlashError, Result};
+use crate::stats::DeviceCounters;
+use crate::IO_ALIGN;
+
+/// A raw page device: a linear array of `capacity / page_size` pages.
+///
+/// All methods take `&self` and are safe to call from many threads at once.
+/// Invariant of every implementation: `page_size` is a nonzero multiple of
+/// [`IO_ALIGN`] and `capacity` is a multiple of `page_size`.
+pub trait Device: Send + Sync + std::fmt::Debug {
+    /// Size of the device in bytes.
+    fn capacity(&self) -> u64;
+    /// Size of one page (the program unit) in bytes.
+    fn page_size(&self) -> u32;
+    /// Reads `buf.len()` bytes at `offset`; both must be multiples of [`IO_ALIGN`].
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Writes `data` at `offset`; both must be multiples of the page size.
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
+    /// Makes everything written before this call durable once it returns `Ok`.
+    fn sync(&self) -> Result<()>;
+    /// Erases/discards `len` bytes at `offset` (page aligned). Best effort on
+    /// files: afterwards the range reads as erased bytes or as its old content.
+    fn trim(&self, offset: u64, len: u64) -> Result<()>;
+    /// Cumulative operation counters.
+    fn counters(&self) -> DeviceCounters;
+    /// Performs several reads, each with the rules of [`Device::read_at`].
+    /// Devices that can overlap I/Os issue them in parallel; the default is
+    /// sequential. Returns the first error (in request order).
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for (offset, buf) in reqs.iter_mut() {
+            self.read_at(*offset, buf)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks the [`Device::read_at`] argument rules against a device of `capacity` bytes.
+pub(crate) fn check_read(capacity: u64, offset: u64, len: usize) -> Result<()> {
+    let align = IO_ALIGN as u64;
+    if !offset.is_multiple_of(align) || !len.is_multiple_of(IO_ALIGN) {
+        return Err(FlashError::Misaligned(format!(
+            "read at {offset} of {len} bytes is not {IO_ALIGN}-byte aligned"
+        )));
+    }
+    check_range(capacity, offset, len as u64)
+}
+
+/// Checks the [`Device::write_at`] / [`Device::trim`] rules: page-aligned and in range.
+pub(crate) fn check_page_range(capacity: u64, page_size: u32, offset: u64, len: u64) -> Result<()> {
+    let ps = u64::from(page_size);
+    if !offset.is_multiple_of(ps) || !len.is_multiple_of(ps) {
+        return Err(FlashError::Misaligned(format!(
+            "range at {offset} of {len} bytes is not aligned to the {ps}-byte page"
+        )));
+    }
+    check_range(capacity, offset, len)
+}
+
+fn check_range(capacity: u64, offset: u64, len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= capacity => Ok(()),
+        _ => Err(FlashError::OutOfRange(format!(
+            "range at {offset} of {len} bytes exceeds device capacity {capacity}"
+        ))),
+    }
+}
+
+/// Heap buffer whose address is [`IO_ALIGN`]-aligned and whose length is a
+/// multiple of [`IO_ALIGN`]; usable for O_DIRECT I/O. Zero-filled on creation.
+pub struct AlignedBuf {
+    /// Start of the buffer. When `len == 0` it is a dangling, aligned pointer
+    /// that is never dereferenced or freed; otherwise it was returned by
+    /// `alloc_zeroed` with `Self::layout(len)` and is owned exclusively.
+    ptr: NonNull<u8>,
+    /// Length in bytes; always a multiple of `IO_ALIGN`.
+    len: usize,
+}
+
+// SAFETY: `AlignedBuf` exclusively owns its heap memory (like `Vec<u8>`), so
+// moving it to or sharing `&AlignedBuf` with another thread is sound.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: see `Send`; `&AlignedBuf` only hands out `&[u8]`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates a zeroed buffer of `len` bytes rounded up to [`IO_ALIGN`].
+    ///
+    /// # Panics
+    /// If the rounded length overflows `isize` (like `Vec`'s capacity overflow).
+    pub fn new_zeroed(len: usize) -> AlignedBuf {
+        let len = len
+            .checked_next_multiple_of(IO_ALIGN)
+            .expect("AlignedBuf capacity overflow");
+        if len == 0 {
+            // An aligned non-null address; never dereferenced for a zero-length slice.
+            let ptr = NonNull::new(std::ptr::without_provenance_mut(IO_ALIGN))
+                .expect("IO_ALIGN is nonzero");
+            return AlignedBuf { ptr, len };
+        }
+        let layout = Self::layout(len);
+        // SAFETY: `layout` has a nonzero size (len > 0 here).
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        AlignedBuf { ptr, len }
+    }
+
+    /// Allocates a buffer holding a copy of `data`, zero padded to [`IO_ALIGN`].
+    pub fn copy_from(data: &[u8]) -> AlignedBuf {
+        let mut buf = AlignedBuf::new_zeroed(data.len());
+        buf[..data.len()].copy_from_slice(data);
+        buf
+    }
+
+    fn layout(len: usize) -> Layout {
+        Layout::from_size_align(len, IO_ALIGN).expect("AlignedBuf capacity overflow")
+    }
+
+    /// Length in bytes (a multiple of [`IO_ALIGN`]).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The buffer's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialized (zeroed) bytes, or
+        // dangling-but-aligned with `len == 0`; `&self` guarantees no `&mut` alias.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The buffer's bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: allocated in `new_zeroed` with exactly this layout and not freed before.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// True when `p` is [`IO_ALIGN`]-aligned.
+pub(crate) fn is_io_aligned(p: *const u8) -> bool {
+    (p as usize).is_multiple_of(IO_ALIGN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buf_is_aligned_zeroed_and_rounded() {
+        for len in [1usize, 4095, 4096, 4097, 3 * 4096, 1 << 20] {
+            let mut b = AlignedBuf::new_zeroed(len);
+            assert!(is_io_aligned(b.as_ptr()), "len {len}");
+            assert_eq!(b.len() % IO_ALIGN, 0);
+            assert!(b.len() >= len && b.len() < len + IO_ALIGN);
+            assert!(b.iter().all(|&x| x == 0));
+            b[len - 1] = 7;
+            assert_eq!(b.as_slice()[len - 1], 7);
+        }
+        let empty = AlignedBuf::new_zeroed(0);
+        assert!(empty.is_empty());
+        assert_eq!(empty.as_slice(), &[] as &[u8]);
+    }
+
+    #[test]
+    fn aligned_buf_copy_from_pads_with_zeroes() {
+        let b = AlignedBuf::copy_from(&[1, 2, 3]);
+        assert_eq!(b.len(), IO_ALIGN);
+        assert_eq!(&b[..4], &[1, 2, 3, 0]);
+    }
+
+    #[test]
+    fn argument_checks() {
+        assert!(check_read(1 << 20, 4096, 4096).is_ok());
+        assert!(matches!(
+            check_read(1 << 20, 100, 4096),
+            Err(FlashError::Misaligned(_))
+        ));
+        assert!(matches!(
+            check_read(1 << 20, 0, 100),
+            Err(FlashError::Misaligned(_))
+        ));
+        assert!(matches!(
+            check_read(8192, 4096, 8192),
+            Err(FlashError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            check_read(8192, u64::MAX - 4095, 4096),
+            Err(FlashError::OutOfRange(_))
+        ));
+        assert!(check_page_range(1 << 20, 8192, 8192, 16384).is_ok());
+        assert!(matches!(
+            check_page_range(1 << 20, 8192, 4096, 8192),
+            Err(FlashError::Misaligned(_))
+        ));
+    }
+}

@@ -1,0 +1,66 @@
+//! Error type shared by every part of the crate.
+
+use crate::SegmentId;
+
+/// Every failure the flash layer can report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlashError {
+    /// An operating-system I/O error.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// No segment is free.
+    #[error("no free segment")]
+    NoSpace,
+    /// The (emulated) device lost power; every operation fails until it is power-cycled.
+    #[error("device lost power")]
+    PowerLoss,
+    /// On-disk data failed a format check; the message says what and where.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    /// A checksum did not match.
+    #[error("checksum mismatch in {what}: expected {expected:#010x}, got {got:#010x}")]
+    ChecksumMismatch {
+        /// What was being checked.
+        what: &'static str,
+        /// Checksum stored on disk.
+        expected: u32,
+        /// Checksum computed over the data read.
+        got: u32,
+    },
+    /// The superblock is missing or invalid.
+    #[error("bad superblock: {0}")]
+    BadSuperblock(String),
+    /// The superblock has a format version this code does not understand.
+    #[error("unsupported format version {0}")]
+    UnsupportedVersion(u32),
+    /// A checkpoint does not fit in its metadata slot.
+    #[error("checkpoint needs {needed} bytes but a metadata slot holds {capacity}")]
+    MetadataFull {
+        /// Bytes the encoded checkpoint needs.
+        needed: usize,
+        /// Bytes one slot holds.
+        capacity: usize,
+    },
+    /// An offset or length lies outside the device or segment.
+    #[error("out of range: {0}")]
+    OutOfRange(String),
+    /// An offset, length or size violates an alignment rule.
+    #[error("misaligned: {0}")]
+    Misaligned(String),
+    /// A page was written twice without an erase in between (strict-append devices).
+    #[error("page {page} written twice without an erase")]
+    Overwrite {
+        /// Device page index.
+        page: u64,
+    },
+    /// A segment id is not below the segment count.
+    #[error("invalid segment id {0}")]
+    InvalidSegment(SegmentId),
+    /// Any other invalid argument or state transition.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, FlashError>;

@@ -1,0 +1,486 @@
+//! [`FileDevice`]: a [`Device`] on a regular file or a raw block device.
+//!
+//! I/O goes through `pread`/`pwrite` on one shared descriptor, so many threads
+//! can have I/Os in flight. The descriptor is opened with O_DIRECT when the
+//! file system allows it; then every transfer uses an [`IO_ALIGN`]-aligned
+//! buffer (a bounce copy when the caller's is not aligned). Large writes are
+//! split into stripes written in parallel by a small [`IoPool`].
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::device::{check_page_range, check_read, is_io_aligned, AlignedBuf, Device};
+use crate::error::{FlashError, Result};
+use crate::iopool::IoPool;
+use crate::stats::{pages_touched, AtomicCounters, DeviceCounters};
+use crate::IO_ALIGN;
+
+/// Preferred stripe: the unit in which large writes are split across the pool.
+const STRIPE_BYTES: usize = 256 * 1024;
+/// Number of I/O threads per device.
+const IO_THREADS: usize = 4;
+/// `BLKDISCARD` = `_IO(0x12, 119)`: discard a byte range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
+
+/// A [`Device`] on a regular file or a raw block device.
+pub struct FileDevice {
+    /// Shared descriptor; holds the exclusive `flock` for the device's lifetime.
+    file: Arc<File>,
+    path: PathBuf,
+    /// Bytes; a multiple of `page_size`.
+    capacity: u64,
+    page_size: u32,
+    /// Opened with O_DIRECT: every transfer must use an aligned buffer.
+    direct: bool,
+    block_device: bool,
+    /// Stripe size: a nonzero multiple of `page_size`.
+    stripe: usize,
+    pool: IoPool,
+    counters: AtomicCounters,
+}
+
+impl FileDevice {
+    /// Opens (and for a regular file with `create_capacity`, creates or grows
+    /// to that size, sparsely) the device at `path` with the given page size,
+    /// and takes an exclusive advisory lock on it.
+    ///
+    /// `page_size` must be a nonzero multiple of [`IO_ALIGN`]. The capacity is
+    /// the file (or block device) size rounded down to whole pages.
+    pub fn open(
+        path: &Path,
+        create_capacity: Option<u64>,
+        page_size: u32,
+    ) -> Result<Arc<FileDevice>> {
+        Self::open_inner(path, create_capacity, page_size, true)
+    }
+
+    /// [`FileDevice::open`]; `try_direct == false` forces buffered I/O (the fallback path).
+    fn open_inner(
+        path: &Path,
+        create_capacity: Option<u64>,
+        page_size: u32,
+        try_direct: bool,
+    ) -> Result<Arc<FileDevice>> {
+        if page_size == 0 || !(page_size as usize).is_multiple_of(IO_ALIGN) {
+            return Err(FlashError::InvalidArgument(format!(
+                "page size {page_size} is not a nonzero multiple of {IO_ALIGN}"
+            )));
+        }
+        let create = create_capacity.is_some();
+        let (mut file, mut direct) = match open_file(path, create, try_direct) {
+            Ok(f) => (f, try_direct),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                (open_file(path, create, false)?, false)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let meta = file.metadata()?;
+        let block_device = meta.file_type().is_block_device();
+        let size = if block_device {
+            file.seek(SeekFrom::End(0))?
+        } else {
+            let len = meta.len();
+            match create_capacity {
+                Some(cap) if len < cap => {
+                    file.set_len(cap)?;
+                    cap
+                }
+                _ => len,
+            }
+        };
+        if direct && size >= IO_ALIGN as u64 && !probe_direct_read(&file)? {
+            // The file system accepted O_DIRECT at open but rejects aligned I/O.
+            file = open_file(path, false, false)?;
+            direct = false;
+        }
+        lock_exclusive(&file, path)?;
+        let ps = u64::from(page_size);
+        let stripe = (STRIPE_BYTES / page_size as usize).max(1) * page_size as usize;
+        Ok(Arc::new(FileDevice {
+            file: Arc::new(file),
+            path: path.to_path_buf(),
+            capacity: size / ps * ps,
+            page_size,
+            direct,
+            block_device,
+            stripe,
+            pool: IoPool::new("flash-io", IO_THREADS)?,
+            counters: AtomicCounters::default(),
+        }))
+    }
+
+    /// True when I/O bypasses the page cache (opened with O_DIRECT).
+    pub fn direct_io(&self) -> bool {
+        self.direct
+    }
+
+    /// Path the device was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads into `buf`, through an aligned bounce buffer if direct I/O needs one.
+    fn read_into(file: &File, direct: bool, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if direct && !is_io_aligned(buf.as_ptr()) {
+            let mut bounce = AlignedBuf::new_zeroed(buf.len());
+            file.read_exact_at(&mut bounce[..buf.len()], offset)?;
+            buf.copy_from_slice(&bounce[..buf.len()]);
+        } else {
+            file.read_exact_at(buf, offset)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `data`, through an aligned bounce buffer if direct I/O needs one.
+    fn write_from(file: &File, direct: bool, offset: u64, data: &[u8]) -> Result<()> {
+        if direct && !is_io_aligned(data.as_ptr()) {
+            let bounce = AlignedBuf::copy_from(data);
+            file.write_all_at(&bounce[..data.len()], offset)?;
+        } else {
+            file.write_all_at(data, offset)?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens `path` read-write, optionally creating it and requesting O_DIRECT.
+fn open_file(path: &Path, create: bool, direct: bool) -> std::io::Result<File> {
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(true).create(create);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    opts.open(path)
+}
+
+/// Tries one aligned direct read at offset 0; `Ok(false)` when the file system rejects it.
+fn probe_direct_read(file: &File) -> Result<bool> {
+    let mut buf = AlignedBuf::new_zeroed(IO_ALIGN);
+    match file.read_exact_at(&mut buf, 0) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Takes `flock(LOCK_EX | LOCK_NB)`; held until the descriptor is closed.
+fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
+    // SAFETY: `file` owns a valid open descriptor for the duration of the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(FlashError::Io(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            format!("device is in use by another process: {}", path.display()),
+        )));
+    }
+    Err(err.into())
+}
+
+impl Device for FileDevice {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_read(self.capacity, offset, buf.len())?;
+        Self::read_into(&self.file, self.direct, offset, buf)?;
+        let len = buf.len() as u64;
+        self.counters
+            .record_read(pages_touched(offset, len, self.page_size), len);
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        check_page_range(self.capacity, self.page_size, offset, data.len() as u64)?;
+        if data.len() >= 2 * self.stripe {
+            // Consecutive stripes are written in parallel; each job owns a copy.
+            let jobs = data.chunks(self.stripe).enumerate().map(|(i, chunk)| {
+                let file = Arc::clone(&self.file);
+                let direct = self.direct;
+                let at = offset + (i * self.stripe) as u64;
+                let buf = AlignedBuf::copy_from(chunk);
+                let len = chunk.len();
+                move || Self::write_from(&file, direct, at, &buf[..len])
+            });
+            self.pool.run_all(jobs)?;
+        } else {
+            Self::write_from(&self.file, self.direct, offset, data)?;
+        }
+        let len = data.len() as u64;
+        self.counters
+            .record_write(len / u64::from(self.page_size), len);
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.file.sync_data()?;
+        self.counters.record_sync();
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        check_page_range(self.capacity, self.page_size, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let fd = self.file.as_raw_fd();
+        if self.block_device {
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: BLKDISCARD reads a `[u64; 2]` (start, length) from the pointer,
+            // which stays valid for the call. Discard is best effort: errors ignored.
+            let _ = unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) };
+        } else {
+            let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+                return Err(FlashError::OutOfRange(format!(
+                    "trim at {offset} of {len} bytes"
+                )));
+            };
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: plain syscall on a valid descriptor; no memory is passed.
+            let rc = unsafe { libc::fallocate(fd, mode, off, l) };
+            if rc != 0 {
+                let err = std::io::Error::last_os_error();
+                if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                    return Err(err.into());
+                }
+            }
+        }
+        self.counters.record_trim(len / u64::from(self.page_size));
+        Ok(())
+    }
+
+    fn counters(&self) -> DeviceCounters {
+        self.counters.snapshot()
+    }
+
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for (offset, buf) in reqs.iter() {
+            check_read(self.capacity, *offset, buf.len())?;
+        }
+        if reqs.len() < 2 {
+            for (offset, buf) in reqs.iter_mut() {
+                self.read_at(*offset, buf)?;
+            }
+            return Ok(());
+        }
+        // Each job reads into its own aligned buffer; results are copied back in order.
+        let jobs = reqs.iter().map(|(offset, buf)| {
+            let file = Arc::clone(&self.file);
+            let direct = self.direct;
+            let at = *offset;
+            let len = buf.len();
+            move || {
+                let mut tmp = AlignedBuf::new_zeroed(len);
+                Self::read_into(&file, direct, at, &mut tmp[..len])?;
+                Ok(tmp)
+            }
+        });
+        let results = self.pool.run_all(jobs)?;
+        for ((offset, buf), tmp) in reqs.iter_mut().zip(results) {
+            let len = buf.len();
+            buf.copy_from_slice(&tmp[..len]);
+            self.counters.record_read(
+                pages_touched(*offset, len as u64, self.page_size),
+                len as u64,
+            );
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for FileDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileDevice")
+            .field("path", &self.path)
+            .field("capacity", &self.capacity)
+            .field("page_size", &self.page_size)
+            .field("direct", &self.direct)
+            .field("block_device", &self.block_device)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PS: u32 = 4096;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    fn open_temp(cap: u64) -> (tempfile::TempDir, Arc<FileDevice>) {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::open(&dir.path().join("dev"), Some(cap), PS).unwrap();
+        (dir, dev)
+    }
+
+    #[test]
+    fn write_read_roundtrip() {
+        let (_dir, dev) = open_temp(1 << 20);
+        assert_eq!(dev.capacity(), 1 << 20);
+        eprintln!("temp dir direct_io = {}", dev.direct_io());
+        let data = pattern(3 * PS as usize, 1);
+        dev.write_at(8192, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        dev.read_at(8192, &mut back).unwrap();
+        assert_eq!(back, data);
+        // An aligned buffer takes the direct path.
+        let mut aligned = AlignedBuf::new_zeroed(PS as usize);
+        dev.read_at(8192 + 4096, &mut aligned).unwrap();
+        assert_eq!(&aligned[..], &data[4096..8192]);
+        let c = dev.counters();
+        assert_eq!(
+            (c.write_ops, c.pages_written, c.bytes_written),
+            (1, 3, data.len() as u64)
+        );
+        assert_eq!((c.read_ops, c.pages_read), (2, 4));
+    }
+
+    #[test]
+    fn rejects_bad_arguments() {
+        let (_dir, dev) = open_temp(64 * 1024);
+        let mut buf = vec![0u8; 4096];
+        assert!(matches!(
+            dev.read_at(100, &mut buf),
+            Err(FlashError::Misaligned(_))
+        ));
+        assert!(matches!(
+            dev.read_at(64 * 1024, &mut buf),
+            Err(FlashError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            dev.write_at(0, &buf[..100]),
+            Err(FlashError::Misaligned(_))
+        ));
+        let d = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            FileDevice::open(&d.path().join("x"), Some(1 << 20), 1000),
+            Err(FlashError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn parallel_striped_write_and_read_many() {
+        let (_dir, dev) = open_temp(8 << 20);
+        let data = pattern((5 << 20) + 3 * PS as usize, 7); // not a whole number of stripes
+        dev.write_at(PS as u64, &data).unwrap();
+        assert_eq!(dev.counters().write_ops, 1);
+        let mut back = vec![0u8; data.len()];
+        dev.read_at(PS as u64, &mut back).unwrap();
+        assert!(back == data, "striped write read back differently");
+
+        let mut a = vec![0u8; 4096];
+        let mut b = vec![0u8; 8192];
+        let mut c = vec![0u8; 4096];
+        let mut reqs: Vec<(u64, &mut [u8])> =
+            vec![(PS as u64, &mut a), (1 << 20, &mut b), (5 << 20, &mut c)];
+        dev.read_many(&mut reqs).unwrap();
+        assert_eq!(a, data[..4096]);
+        assert_eq!(b, data[(1 << 20) - 4096..(1 << 20) + 4096]);
+        assert_eq!(c, data[(5 << 20) - 4096..5 << 20]);
+    }
+
+    #[test]
+    fn read_many_reports_out_of_range() {
+        let (_dir, dev) = open_temp(1 << 20);
+        let mut a = vec![0u8; 4096];
+        let mut b = vec![0u8; 4096];
+        let mut reqs: Vec<(u64, &mut [u8])> = vec![(0, &mut a), (1 << 20, &mut b)];
+        assert!(matches!(
+            dev.read_many(&mut reqs),
+            Err(FlashError::OutOfRange(_))
+        ));
+    }
+
+    #[test]
+    fn trim_zeroes_range() {
+        let (_dir, dev) = open_temp(1 << 20);
+        dev.write_at(0, &pattern(4 * PS as usize, 3)).unwrap();
+        dev.trim(PS as u64, 2 * PS as u64).unwrap();
+        let mut back = vec![0u8; 4 * PS as usize];
+        dev.read_at(0, &mut back).unwrap();
+        let p = PS as usize;
+        assert_eq!(back[..p], pattern(p, 3)[..]);
+        // Punch-hole is supported on common local file systems (the range reads zero);
+        // on file systems without it the old content may remain, which trim allows.
+        let hole = &back[p..3 * p];
+        assert!(hole.iter().all(|&x| x == 0) || hole == &pattern(4 * p, 3)[p..3 * p]);
+        assert_ne!(back[3 * p..], vec![0u8; p][..]);
+        assert_eq!(dev.counters().pages_trimmed, 2);
+    }
+
+    #[test]
+    fn second_open_fails_while_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        let dev = FileDevice::open(&path, Some(1 << 20), PS).unwrap();
+        match FileDevice::open(&path, None, PS) {
+            Err(FlashError::Io(e)) => assert!(e.to_string().contains("in use"), "{e}"),
+            other => panic!("expected lock error, got {other:?}"),
+        }
+        drop(dev);
+        let again = FileDevice::open(&path, None, PS).unwrap();
+        assert_eq!(again.capacity(), 1 << 20);
+    }
+
+    #[test]
+    fn tmpfs_works_with_or_without_direct_io() {
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() {
+            eprintln!("skipping: /dev/shm not available");
+            return;
+        }
+        let Ok(dir) = tempfile::tempdir_in(shm) else {
+            eprintln!("skipping: cannot create a directory in /dev/shm");
+            return;
+        };
+        let dev = FileDevice::open(&dir.path().join("dev"), Some(1 << 20), PS).unwrap();
+        eprintln!("tmpfs direct_io = {}", dev.direct_io());
+        let data = pattern(2 * PS as usize, 9);
+        dev.write_at(0, &data[PS as usize / 2..][..PS as usize])
+            .unwrap(); // unaligned source
+        let mut back = vec![0u8; PS as usize + 1];
+        dev.read_at(0, &mut back[1..]).unwrap(); // unaligned destination
+        assert_eq!(back[1..], data[PS as usize / 2..][..PS as usize]);
+        dev.sync().unwrap();
+    }
+
+    #[test]
+    fn buffered_fallback_roundtrip() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev =
+            FileDevice::open_inner(&dir.path().join("dev"), Some(1 << 20), PS, false).unwrap();
+        assert!(!dev.direct_io());
+        let data = pattern(PS as usize + 1, 2);
+        dev.write_at(PS as u64, &data[1..]).unwrap();
+        let mut back = vec![0u8; PS as usize];
+        dev.read_at(PS as u64, &mut back).unwrap();
+        assert_eq!(back, data[1..]);
+    }
+
+    #[test]
+    fn unaligned_caller_buffers_roundtrip() {
+        let (_dir, dev) = open_temp(1 << 20);
+        let data = pattern(PS as usize + 1, 5);
+        dev.write_at(0, &data[1..]).unwrap();
+        let mut back = vec![0u8; PS as usize + 1];
+        dev.read_at(0, &mut back[1..]).unwrap();
+        assert_eq!(back[1..], data[1..]);
+    }
+}

@@ -1,0 +1,41 @@
+//! `flash` owns the raw storage of a LightStore drive: an append-only segment
+//! store, i.e. the LightStore paper's hardware FTL done in software. It
+//! provides the [`Device`] abstraction over an array of fixed-size pages (a
+//! [`FileDevice`] on a file or raw block device, or an in-memory emulated
+//! [`NandDevice`] with power-loss injection for crash tests), and on top of it
+//! the [`FlashStore`]: pages grouped into segments that are written
+//! append-only and reclaimed only whole (erase/TRIM), plus a small segment
+//! table and an opaque user blob (the engine's manifest) persisted atomically
+//! by checkpoints in two ping-pong slots behind a checksummed superblock.
+//! Everything above whole segments (what the bytes mean, which segments are
+//! live) belongs to the engine.
+
+#![deny(missing_docs)]
+
+mod checkpoint;
+mod codec;
+mod device;
+mod error;
+mod file;
+mod iopool;
+mod nand;
+mod stats;
+mod store;
+mod superblock;
+
+pub use device::{AlignedBuf, Device};
+pub use error::{FlashError, Result};
+pub use file::FileDevice;
+pub use nand::{LossMode, NandConfig, NandDevice};
+pub use stats::{DeviceCounters, FlashStats};
+pub use store::{FlashStore, FormatOptions, Geometry, SegmentInfo, SegmentState};
+
+/// Index of a data segment of a [`FlashStore`], `0..segment_count`.
+pub type SegmentId = u32;
+
+/// Default page size of devices: 8 KiB, a typical NAND page.
+pub const DEFAULT_PAGE_SIZE: u32 = 8192;
+
+/// Alignment required for read offsets, read lengths and I/O buffer addresses
+/// (the O_DIRECT requirement of common Linux file systems and block devices).
+pub const IO_ALIGN: usize = 4096;
