@@ -5,7 +5,7 @@
 //! `recovery.rs`.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use crate::record::{FLAG_RELOCATED, KIND_DELETE, KIND_PUT};
 use crate::stats::{Counters, Stats};
 use crate::types::{Entry, Kind, SeqNo};
 use crate::version::{ReadCtx, SegmentRef, Version};
-use crate::vlog::{LogPosition, LogRecord, ValueLog};
+use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 
 /// One operation of an atomic write batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,8 +55,13 @@ pub(crate) struct MaintState {
     /// next flush makes the re-inserted pointers durable in keytables.
     pub(crate) gc_awaiting_flush: Vec<SegmentId>,
     pub(crate) gc_ready: Vec<SegmentId>,
+    /// Segments GC skipped because a snapshot needs old versions in them,
+    /// with the snapshot set at that time (retried when it changes).
+    pub(crate) gc_pinned: (Vec<SegmentId>, Vec<SeqNo>),
     /// Per level, the key after which the next compaction starts.
     pub(crate) compact_cursor: Vec<Bytes>,
+    /// Compactions forced by low space since space was last plentiful.
+    pub(crate) forced_compactions: usize,
     pub(crate) device_bytes_base: u64,
     pub(crate) user_bytes_base: u64,
 }
@@ -78,6 +83,8 @@ pub(crate) struct DbInner {
     pub(crate) flushed_cv: Condvar,
     pub(crate) shutdown: AtomicBool,
     pub(crate) bg_error: Mutex<Option<String>>,
+    /// Free segments as last seen by maintenance (cheap to read per write).
+    pub(crate) free_hint: AtomicU32,
 }
 
 /// A LightStore engine instance on one flash device.
@@ -308,7 +315,13 @@ impl DbInner {
             })
             .collect();
         let n = ops.len();
-        let lsn = self.vlog.append(&recs, false, |i, seq, ptr| {
+        // Deletes free space, so they may use the segments held back for GC.
+        let reserve = if ops.iter().all(|(kind, _, _)| *kind == KIND_DELETE) {
+            Reserve::Delete
+        } else {
+            Reserve::User
+        };
+        let lsn = self.vlog.append(&recs, reserve, |i, seq, ptr| {
             let kind = if ops[i].0 == KIND_PUT {
                 Kind::Put
             } else {
@@ -344,7 +357,7 @@ impl DbInner {
             value,
             seq: Some(seq),
         };
-        self.vlog.append(&[rec], true, |_, seq, ptr| {
+        self.vlog.append(&[rec], Reserve::Internal, |_, seq, ptr| {
             self.sv
                 .read()
                 .mem
@@ -372,7 +385,16 @@ impl DbInner {
             let by_log = sv.mem.log_bytes() as f64 / self.opts.memtable_log_bytes as f64;
             (by_keys.max(by_log), sv.imm.is_some())
         };
-        if !imm || fill < 0.5 || !self.opts.background {
+        if !self.opts.background {
+            return;
+        }
+        // Free space running out: give GC time, a little per write.
+        if self.free_hint.load(Ordering::Relaxed) <= self.opts.reserved_segments + 2 {
+            self.wake();
+            std::thread::sleep(Duration::from_micros(500));
+            Counters::add(&self.counters.write_throttle_micros, 500);
+        }
+        if !imm || fill < 0.5 {
             return;
         }
         if fill < 2.0 {
@@ -513,10 +535,18 @@ impl DbInner {
         Stats {
             user_bytes_written: user,
             device_bytes_written: device,
-            write_amplification: if user == 0 { 0.0 } else { device as f64 / user as f64 },
+            write_amplification: if user == 0 {
+                0.0
+            } else {
+                device as f64 / user as f64
+            },
             gets,
             get_device_reads: reads,
-            device_reads_per_get: if gets == 0 { 0.0 } else { reads as f64 / gets as f64 },
+            device_reads_per_get: if gets == 0 {
+                0.0
+            } else {
+                reads as f64 / gets as f64
+            },
             dram_index_bytes: index,
             dram_cache_bytes: self.ctx.cache.used() as u64,
             dram_bloom_bytes: bloom,
@@ -536,7 +566,11 @@ impl DbInner {
             gc_bytes_scanned: Counters::get(&self.counters.gc_bytes_scanned),
             log_bytes,
             log_live_bytes: log_live,
-            garbage_ratio: if log_bytes == 0 { 0.0 } else { 1.0 - log_live as f64 / log_bytes as f64 },
+            garbage_ratio: if log_bytes == 0 {
+                0.0
+            } else {
+                1.0 - log_live as f64 / log_bytes as f64
+            },
             segments_total: fstats.segments_total,
             segments_free: fstats.segments_free,
             segments_log: segs.len() as u32,

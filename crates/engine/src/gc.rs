@@ -27,11 +27,18 @@ impl DbInner {
 
     pub(crate) fn gc_locked(&self, st: &mut MaintState, force: bool) -> Result<usize> {
         let current = self.vlog.current_segment();
+        let snapshots = self.snapshot_seqs();
+        if st.gc_pinned.1 != snapshots {
+            st.gc_pinned = (Vec::new(), snapshots);
+        }
         let low_space = self.space_low();
+        // Cleaning a segment costs rewriting its live bytes and gains its
+        // garbage: below the threshold the gain is worth it; when space is
+        // short a smaller gain is accepted; never clean what gains nothing.
         let threshold = if force {
             1.0
         } else if low_space {
-            0.95
+            self.opts.gc_live_threshold.max(0.75)
         } else {
             self.opts.gc_live_threshold
         };
@@ -45,12 +52,13 @@ impl DbInner {
                     && m.epoch < st.replay.epoch
                     && !st.gc_awaiting_flush.contains(seg)
                     && !st.gc_ready.contains(seg)
+                    && !st.gc_pinned.0.contains(seg)
             })
             .map(|(seg, m)| {
                 let live = m.live_bytes as f64 / m.written_bytes.max(1) as f64;
                 (seg, m, live)
             })
-            .filter(|(_, _, live)| *live < threshold)
+            .filter(|(_, m, live)| *live < threshold && m.live_bytes < m.written_bytes)
             .collect();
         victims.sort_by(|a, b| a.2.total_cmp(&b.2));
         victims.truncate(MAX_VICTIMS_PER_PASS);
@@ -63,6 +71,8 @@ impl DbInner {
             if self.gc_segment(*seg, meta)? {
                 st.gc_awaiting_flush.push(*seg);
                 cleaned += 1;
+            } else {
+                st.gc_pinned.0.push(*seg);
             }
         }
         if cleaned == 0 {
@@ -96,7 +106,8 @@ impl DbInner {
                 .ok_or_else(|| corrupt(off, "short header"))?;
             let len = header.record_len();
             let bytes = reader.window(off, len)?;
-            let rec = record::decode(bytes, meta.epoch).map_err(|e| corrupt(off, &format!("{e:?}")))?;
+            let rec =
+                record::decode(bytes, meta.epoch).map_err(|e| corrupt(off, &format!("{e:?}")))?;
             match rec.header.kind {
                 record::KIND_LINK => break,
                 record::KIND_PUT => {
@@ -108,9 +119,11 @@ impl DbInner {
                     };
                     match self.liveness(rec.key, rec.header.seq, ptr, &snapshots)? {
                         Liveness::Dead => {}
-                        Liveness::Latest => {
-                            live_records.push((rec.key.to_vec(), rec.value.to_vec(), rec.header.seq))
-                        }
+                        Liveness::Latest => live_records.push((
+                            rec.key.to_vec(),
+                            rec.value.to_vec(),
+                            rec.header.seq,
+                        )),
                         Liveness::PinnedBySnapshot => {
                             Counters::add(&self.counters.gc_bytes_scanned, reader.bytes_read);
                             return Ok(false);
@@ -124,14 +137,23 @@ impl DbInner {
         Counters::add(&self.counters.gc_bytes_scanned, reader.bytes_read);
         for (key, value, seq) in live_records {
             self.relocate(&key, &value, seq)?;
-            Counters::add(&self.counters.gc_bytes_relocated, (HEADER_LEN + key.len() + value.len()) as u64);
+            Counters::add(
+                &self.counters.gc_bytes_relocated,
+                (HEADER_LEN + key.len() + value.len()) as u64,
+            );
         }
         Ok(true)
     }
 
     /// Whether the latest view, or only a live snapshot, resolves `key` to
     /// exactly this record.
-    fn liveness(&self, key: &[u8], seq: SeqNo, ptr: ValuePtr, snapshots: &[SeqNo]) -> Result<Liveness> {
+    fn liveness(
+        &self,
+        key: &[u8],
+        seq: SeqNo,
+        ptr: ValuePtr,
+        snapshots: &[SeqNo],
+    ) -> Result<Liveness> {
         let points_here = |e: Option<crate::types::Entry>| {
             e.is_some_and(|e| e.kind == Kind::Put && e.seq == seq && e.ptr == ptr)
         };

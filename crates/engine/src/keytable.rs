@@ -158,7 +158,7 @@ pub struct BlockHandle {
 }
 
 /// The decoded index of a keytable.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct KeytableIndex {
     /// Blocks in key order.
     pub blocks: Vec<BlockHandle>,
@@ -242,10 +242,14 @@ impl KeytableIndex {
 
     /// The block that may hold `key`, if any.
     pub fn find_block(&self, key: &[u8]) -> Option<usize> {
-        // Last block whose first key <= key. Versions of one key may span two
-        // blocks; callers continue into the next block when needed.
-        let i = self.blocks.partition_point(|b| b.first_key.as_ref() <= key);
-        i.checked_sub(1)
+        // Versions of one key may span blocks, so start at the last block
+        // whose first key is strictly smaller (its tail may hold the newest
+        // versions), or at the first block; callers continue forward.
+        if self.blocks.first()?.first_key.as_ref() > key {
+            return None;
+        }
+        let i = self.blocks.partition_point(|b| b.first_key.as_ref() < key);
+        Some(i.saturating_sub(1))
     }
 }
 
@@ -334,8 +338,10 @@ impl KeytableBuilder {
         if self.cur_offsets.is_empty() {
             self.cur_first = Some(e.key.clone());
         }
-        self.cur_offsets.push((BLOCK_HEADER + self.cur.len()) as u32);
-        self.cur.extend_from_slice(&(e.key.len() as u16).to_le_bytes());
+        self.cur_offsets
+            .push((BLOCK_HEADER + self.cur.len()) as u32);
+        self.cur
+            .extend_from_slice(&(e.key.len() as u16).to_le_bytes());
         self.cur.extend_from_slice(&e.key);
         self.cur.extend_from_slice(&e.seq.to_le_bytes());
         self.cur.push(e.kind.code());
@@ -358,7 +364,8 @@ impl KeytableBuilder {
         let count = self.cur_offsets.len() as u32;
         self.out.extend_from_slice(&[0u8; 4]);
         self.out.extend_from_slice(&count.to_le_bytes());
-        self.out.extend_from_slice(&(self.cur.len() as u32).to_le_bytes());
+        self.out
+            .extend_from_slice(&(self.cur.len() as u32).to_le_bytes());
         self.out.extend_from_slice(&self.cur);
         for o in &self.cur_offsets {
             self.out.extend_from_slice(&o.to_le_bytes());
@@ -440,7 +447,8 @@ mod tests {
         }
         let kt = b.finish().expect("built");
         assert!(kt.index.blocks.len() > 5);
-        let idx = KeytableIndex::decode(&kt.bytes[kt.data_pages as usize * 512..], 9).expect("index");
+        let idx =
+            KeytableIndex::decode(&kt.bytes[kt.data_pages as usize * 512..], 9).expect("index");
         assert_eq!(idx.entries, 200);
         assert_eq!(idx.blocks, kt.index.blocks);
         let bi = idx.find_block(b"key00123").expect("block");

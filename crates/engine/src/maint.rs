@@ -59,10 +59,13 @@ impl DbInner {
                 self.flush_locked(&mut st)?;
                 did = true;
             }
+            if self.gc_locked(&mut st, false)? > 0 {
+                did = true;
+            }
             if self.compact_one(&mut st)? {
                 did = true;
             }
-            if self.gc_locked(&mut st, false)? > 0 {
+            if self.defragment_keytables(&mut st)? {
                 did = true;
             }
             if !did {
@@ -76,8 +79,9 @@ impl DbInner {
     }
 
     pub(crate) fn space_low(&self) -> bool {
-        let s = self.flash.stats();
-        s.segments_free <= self.opts.reserved_segments + 2
+        let free = self.flash.free_segments();
+        self.free_hint.store(free, Ordering::Relaxed);
+        free <= self.opts.reserved_segments + 2
     }
 
     pub(crate) fn flush_now(&self) -> Result<()> {
@@ -107,6 +111,7 @@ impl DbInner {
             (sv.imm.clone(), sv.version.clone())
         };
         let mut levels = version.levels.clone();
+        let mut released = Vec::new();
         if let Some(imm) = imm.filter(|m| !m.is_empty()) {
             if levels.is_empty() {
                 levels.push(Vec::new());
@@ -120,8 +125,9 @@ impl DbInner {
                 Box::new(LevelIter::new(old, &[], &self.ctx)),
             ];
             let bottom = levels.iter().skip(1).all(|l| l.is_empty());
-            let out = self.build_run(st, MergeIter::new(sources), bottom)?;
+            let (out, dropped) = self.build_run(st, MergeIter::new(sources), bottom)?;
             levels[0].splice(range, out);
+            released = dropped;
         }
         {
             let mut sv = self.sv.write();
@@ -134,7 +140,9 @@ impl DbInner {
             };
             *sv = Arc::new(next);
         }
-        self.update_bloom_budget();
+        for ptr in released {
+            self.vlog.release_value(ptr);
+        }
         st.replay = pos;
         st.flushed_seq = seq;
         st.imm_replay = None;
@@ -159,6 +167,22 @@ impl DbInner {
             }
             target = target.saturating_mul(self.opts.level_ratio);
         }
+        // Short of space, push everything toward the last level so deletes
+        // and overwrites meet the versions they hide and their values are
+        // released for GC (at most one full pass per low-space episode).
+        if pick.is_none()
+            && self.space_low()
+            && st.forced_compactions < self.total_keytables(&version)
+        {
+            pick = (0..version.levels.len().saturating_sub(1))
+                .find(|&i| !version.levels[i].is_empty());
+            if pick.is_some() {
+                st.forced_compactions += 1;
+            }
+        }
+        if !self.space_low() {
+            st.forced_compactions = 0;
+        }
         let Some(li) = pick else { return Ok(false) };
         if st.compact_cursor.len() <= li {
             st.compact_cursor.resize(li + 1, Bytes::new());
@@ -181,7 +205,13 @@ impl DbInner {
             Box::new(LevelIter::new(old, &[], &self.ctx)),
         ];
         let bottom = levels.iter().skip(li + 2).all(|l| l.is_empty());
-        let out = self.build_run(st, MergeIter::new(sources), bottom)?;
+        let (out, released) = match self.build_run(st, MergeIter::new(sources), bottom) {
+            Ok(r) => r,
+            // Compaction is optional work: when space is short, leave room
+            // for GC and try again later.
+            Err(Error::NoSpace) => return Ok(false),
+            Err(e) => return Err(e),
+        };
         levels[li].remove(ki);
         levels[li + 1].splice(range, out);
         while levels.last().is_some_and(|l| l.is_empty()) && levels.len() > 1 {
@@ -196,21 +226,29 @@ impl DbInner {
             };
             *sv = Arc::new(next);
         }
-        self.update_bloom_budget();
+        for ptr in released {
+            self.vlog.release_value(ptr);
+        }
         st.compact_cursor[li] = kt.index.largest.clone();
         Counters::add(&self.counters.compactions, 1);
         self.checkpoint(st)?;
         Ok(true)
     }
 
+    fn total_keytables(&self, v: &Version) -> usize {
+        v.levels.iter().map(|l| l.len()).sum()
+    }
+
     /// Merges sorted entries into new keytables, dropping versions no reader
-    /// can see and releasing the value bytes they pointed to.
+    /// can see. Returns the keytables and the pointers of dropped values,
+    /// whose bytes the caller releases once the result is installed.
     fn build_run(
         &self,
         st: &mut MaintState,
         entries: MergeIter<'_>,
         bottom: bool,
-    ) -> Result<Vec<Arc<Keytable>>> {
+    ) -> Result<(Vec<Arc<Keytable>>, Vec<crate::types::ValuePtr>)> {
+        let mut dropped = Vec::new();
         let smallest_snapshot = self.oldest_snapshot();
         let mut out = Vec::new();
         let mut builder: Option<KeytableBuilder> = None;
@@ -243,7 +281,7 @@ impl DbInner {
             last_seq_for_key = e.seq;
             if hidden || dead_tombstone {
                 if e.kind == Kind::Put {
-                    self.vlog.release_value(e.ptr);
+                    dropped.push(e.ptr);
                 }
                 continue;
             }
@@ -259,20 +297,23 @@ impl DbInner {
                 out.push(self.write_keytable(st, b.finish()?)?);
             }
         }
-        Ok(out)
+        Ok((out, dropped))
     }
 
-    /// Writes a built keytable into the current keytable segment (one device
-    /// write) and warms the cache with its blocks.
-    fn write_keytable(&self, st: &mut MaintState, built: BuiltKeytable) -> Result<Arc<Keytable>> {
-        let pages = built.data_pages + built.index_pages;
+    /// Appends whole keytable pages to the current keytable segment (one
+    /// device write), opening a new segment when they do not fit.
+    fn place_pages(&self, st: &mut MaintState, bytes: &[u8]) -> Result<(Arc<SegmentRef>, u32)> {
+        let pages = (bytes.len() / self.page) as u32;
         let seg_pages = self.flash.geometry().pages_per_segment;
         if pages > seg_pages {
             return Err(Error::InvalidOptions(format!(
                 "keytable of {pages} pages does not fit a {seg_pages}-page segment"
             )));
         }
-        let fits = st.kt_seg.as_ref().is_some_and(|(_, next)| next + pages <= seg_pages);
+        let fits = st
+            .kt_seg
+            .as_ref()
+            .is_some_and(|(_, next)| next + pages <= seg_pages);
         if !fits {
             let (seg, _) = self.flash.allocate(SEGMENT_KIND_KEYTABLE)?;
             st.kt_seg = Some((SegmentRef::new(seg, self.release_queue.clone()), 0));
@@ -281,17 +322,23 @@ impl DbInner {
             return Err(Error::Corrupt("no keytable segment".into()));
         };
         let first_page = *next;
-        let mut buf = flash::AlignedBuf::new_zeroed(built.bytes.len());
-        buf[..built.bytes.len()].copy_from_slice(&built.bytes);
-        self.flash.write(seg_ref.seg(), first_page, &buf[..built.bytes.len()])?;
+        let buf = flash::AlignedBuf::copy_from(bytes);
+        self.flash
+            .write(seg_ref.seg(), first_page, &buf[..bytes.len()])?;
         *next += pages;
-        Counters::add(&self.counters.compaction_bytes_written, built.bytes.len() as u64);
+        Counters::add(&self.counters.compaction_bytes_written, bytes.len() as u64);
+        Ok((seg_ref.clone(), first_page))
+    }
+
+    /// Writes a built keytable and warms the cache with its blocks.
+    fn write_keytable(&self, st: &mut MaintState, built: BuiltKeytable) -> Result<Arc<Keytable>> {
+        let (seg, first_page) = self.place_pages(st, &built.bytes)?;
         for (i, b) in built.blocks.into_iter().enumerate() {
             self.ctx.cache.insert(built.id, i as u32, b);
         }
         Ok(Arc::new(Keytable::new(
             built.id,
-            seg_ref.clone(),
+            seg,
             first_page,
             built.data_pages,
             built.index_pages,
@@ -301,13 +348,71 @@ impl DbInner {
         )))
     }
 
-    /// DRAM budget order: level index first, then keytable cache, then Bloom
-    /// filters. Filters are kept only while all three fit the budget.
-    pub(crate) fn update_bloom_budget(&self) {
-        // Keytables are immutable; the decision is made when they are built
-        // (use_bloom = true) and reported in stats. A budget too small for the
-        // filters shows up as dram_bloom_bytes exceeding what remains after
-        // the index and the cache; see Stats.
+    /// Keytable segments hold keytables of every level; as compaction
+    /// replaces them, a segment can be left with a few live keytables. The
+    /// live keytables of a segment less than half used are copied unchanged
+    /// (same id, same checksums) into the current keytable segment, and the
+    /// old segment is released. Returns whether it moved anything.
+    pub(crate) fn defragment_keytables(&self, st: &mut MaintState) -> Result<bool> {
+        let version = self.sv.read().version.clone();
+        let seg_pages = self.flash.geometry().pages_per_segment;
+        let current = st.kt_seg.as_ref().map(|(r, _)| r.seg());
+        let mut used: std::collections::BTreeMap<flash::SegmentId, u32> = Default::default();
+        for kt in version.all() {
+            *used.entry(kt.seg.seg()).or_default() += kt.data_pages + kt.index_pages;
+        }
+        let Some((&victim, _)) = used
+            .iter()
+            .filter(|(s, &p)| Some(**s) != current && p * 2 < seg_pages)
+            .min_by_key(|(_, &p)| p)
+        else {
+            return Ok(false);
+        };
+        let mut levels = version.levels.clone();
+        let mut moved = Vec::new();
+        for level in levels.iter_mut() {
+            for slot in level.iter_mut() {
+                if slot.seg.seg() != victim {
+                    continue;
+                }
+                let pages = slot.data_pages + slot.index_pages;
+                let mut buf = flash::AlignedBuf::new_zeroed(pages as usize * self.page);
+                let at = u64::from(slot.first_page) * self.page as u64;
+                self.flash.read(victim, at, &mut buf)?;
+                let (seg, first_page) =
+                    match self.place_pages(st, &buf[..pages as usize * self.page]) {
+                        Ok(p) => p,
+                        Err(Error::NoSpace) => return Ok(false),
+                        Err(e) => return Err(e),
+                    };
+                let copy = Arc::new(Keytable::new(
+                    slot.id,
+                    seg,
+                    first_page,
+                    slot.data_pages,
+                    slot.index_pages,
+                    slot.index.clone(),
+                    slot.use_bloom,
+                    self.ctx.cache.clone(),
+                ));
+                moved.push(std::mem::replace(slot, copy));
+            }
+        }
+        {
+            let mut sv = self.sv.write();
+            let next = SuperVersion {
+                mem: sv.mem.clone(),
+                imm: sv.imm.clone(),
+                version: Arc::new(Version { levels }),
+            };
+            *sv = Arc::new(next);
+        }
+        for old in &moved {
+            old.moved.store(true, Ordering::Release);
+        }
+        drop(moved);
+        self.checkpoint(st)?;
+        Ok(true)
     }
 
     /// Persists the manifest in a flash checkpoint after releasing segments

@@ -163,7 +163,9 @@ impl Manifest {
         let mut r = R(b, 0);
         let version = r.u32()?;
         if version != MANIFEST_VERSION {
-            return Err(Error::Corrupt(format!("unsupported manifest version {version}")));
+            return Err(Error::Corrupt(format!(
+                "unsupported manifest version {version}"
+            )));
         }
         let mut m = Manifest {
             boot: r.u64()?,

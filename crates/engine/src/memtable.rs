@@ -44,8 +44,10 @@ impl Memtable {
     /// Inserts one version. Equal `(key, seq)` pairs (a GC relocation of a
     /// version already here) replace the older pointer.
     pub fn insert(&self, key: Bytes, seq: SeqNo, kind: Kind, ptr: ValuePtr) {
-        self.bytes.fetch_add(key.len() + ENTRY_OVERHEAD, Ordering::Relaxed);
-        self.log_bytes.fetch_add(u64::from(ptr.len), Ordering::Relaxed);
+        self.bytes
+            .fetch_add(key.len() + ENTRY_OVERHEAD, Ordering::Relaxed);
+        self.log_bytes
+            .fetch_add(u64::from(ptr.len), Ordering::Relaxed);
         self.map.insert(IKey(key, seq), (kind, ptr));
     }
 

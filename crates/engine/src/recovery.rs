@@ -8,7 +8,7 @@
 //! always works without a repair step.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -48,14 +48,18 @@ fn format_options(device: &dyn Device, opts: &Options) -> FormatOptions {
 
 fn validate(opts: &mut Options, seg_bytes: u64, page: usize) -> Result<()> {
     if opts.max_key_size == 0 || opts.max_key_size > 8 * 1024 {
-        return Err(Error::InvalidOptions("max_key_size must be 1..=8192".into()));
+        return Err(Error::InvalidOptions(
+            "max_key_size must be 1..=8192".into(),
+        ));
     }
     if opts.keytable_bytes as u64 * 2 > seg_bytes {
         opts.keytable_bytes = (seg_bytes / 2) as usize;
     }
     let fit = max_record_len(seg_bytes, page).saturating_sub(opts.max_key_size + HEADER_LEN);
     if fit == 0 {
-        return Err(Error::InvalidOptions(format!("segments of {seg_bytes} bytes are too small")));
+        return Err(Error::InvalidOptions(format!(
+            "segments of {seg_bytes} bytes are too small"
+        )));
     }
     opts.max_value_size = opts.max_value_size.min(fit);
     opts.log_chunk_bytes = opts.log_chunk_bytes.clamp(page, (seg_bytes / 4) as usize);
@@ -132,7 +136,13 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
     let mem = Memtable::new();
     let mut last_seq = manifest.last_seq;
     if manifest.replay.epoch != 0 {
-        last_seq = last_seq.max(replay(&flash, manifest.replay, &mut segs, &counted_upto, &mem)?);
+        last_seq = last_seq.max(replay(
+            &flash,
+            manifest.replay,
+            &mut segs,
+            &counted_upto,
+            &mem,
+        )?);
     }
     for m in segs.values_mut() {
         m.sealed = true;
@@ -143,7 +153,10 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
     // a run that crashed before linking or recording them).
     for (i, info) in flash.segments().iter().enumerate() {
         let seg = i as SegmentId;
-        if info.state == SegmentState::Used && !log_segments.contains(&seg) && !kt_segments.contains(&seg) {
+        if info.state == SegmentState::Used
+            && !log_segments.contains(&seg)
+            && !kt_segments.contains(&seg)
+        {
             flash.release(seg)?;
         }
     }
@@ -178,7 +191,9 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
             imm_replay: None,
             gc_awaiting_flush: Vec::new(),
             gc_ready: Vec::new(),
+            gc_pinned: (Vec::new(), Vec::new()),
             compact_cursor: Vec::new(),
+            forced_compactions: 0,
             device_bytes_base: manifest.counters.device_bytes.saturating_sub(device_now),
             user_bytes_base: manifest.counters.user_bytes,
         }),
@@ -189,6 +204,7 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
         flushed_cv: Condvar::new(),
         shutdown: AtomicBool::new(false),
         bg_error: Mutex::new(None),
+        free_hint: AtomicU32::new(u32::MAX),
         opts,
     };
     // Persist the recovered tail in keytables and the new boot number.
@@ -209,7 +225,9 @@ fn replay(
     let page = flash.geometry().page_size as u64;
     // A reader needs a ValueLog only for `read_device`; use a scratch one
     // that never appends.
-    let reader_log = ScratchReader { flash: flash.clone() };
+    let reader_log = ScratchReader {
+        flash: flash.clone(),
+    };
     let mut pos = start;
     let Some(mut meta) = segs.get(&pos.seg).copied() else {
         return Err(Error::Corrupt(format!(
@@ -242,7 +260,11 @@ fn replay(
             };
             match rec.header.kind {
                 record::KIND_PUT | record::KIND_DELETE => {
-                    let kind = if rec.header.kind == record::KIND_PUT { Kind::Put } else { Kind::Delete };
+                    let kind = if rec.header.kind == record::KIND_PUT {
+                        Kind::Put
+                    } else {
+                        Kind::Delete
+                    };
                     let ptr = ValuePtr {
                         seg: pos.seg,
                         gen: meta.gen,
@@ -252,7 +274,9 @@ fn replay(
                     batch.push((Bytes::copy_from_slice(rec.key), rec.header.seq, kind, ptr));
                     if rec.header.flags & FLAG_BATCH_CONTINUES == 0 {
                         for (key, seq, kind, ptr) in batch.drain(..) {
-                            let already = counted_upto.get(&ptr.seg).is_some_and(|&c| u64::from(ptr.offset) < c);
+                            let already = counted_upto
+                                .get(&ptr.seg)
+                                .is_some_and(|&c| u64::from(ptr.offset) < c);
                             if kind == Kind::Put && !already {
                                 if let Some(m) = segs.get_mut(&ptr.seg) {
                                     m.live_bytes += u64::from(ptr.len);
@@ -275,7 +299,8 @@ fn replay(
                         m.written_bytes = m.written_bytes.max(off + len);
                         m.sealed = true;
                     }
-                    let Some(next_meta) = follow_link(flash, &reader_log, next, next_epoch, segs)? else {
+                    let Some(next_meta) = follow_link(flash, &reader_log, next, next_epoch, segs)?
+                    else {
                         break 'segments;
                     };
                     meta = next_meta;

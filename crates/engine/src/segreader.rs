@@ -54,9 +54,11 @@ impl<'a> SegmentReader<'a> {
                 let to = (a + READ_BYTES).max(want_end).div_ceil(align) * align;
                 let to = to.min(seg_end);
                 let mut buf = AlignedBuf::new_zeroed((to - a) as usize);
-                self.flash.read(self.seg, a, &mut buf[..(to - a) as usize])?;
+                self.flash
+                    .read(self.seg, a, &mut buf[..(to - a) as usize])?;
                 self.bytes_read += to - a;
-                self.buf.extend_from_slice(&buf[(at - a) as usize..(to - a) as usize]);
+                self.buf
+                    .extend_from_slice(&buf[(at - a) as usize..(to - a) as usize]);
                 at = to;
             }
         }

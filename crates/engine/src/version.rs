@@ -4,7 +4,7 @@
 //! Within a level keytables are sorted and do not overlap. A `Version` is an
 //! immutable snapshot of the levels; flush and compaction install new ones.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use flash::{AlignedBuf, FlashStore, SegmentId};
@@ -66,13 +66,18 @@ pub struct Keytable {
     pub index: KeytableIndex,
     /// Whether the Bloom filter is consulted (it may be dropped under a tight budget).
     pub use_bloom: bool,
+    /// Set when the keytable was copied elsewhere under the same id: its
+    /// cached blocks now belong to the copy and stay cached.
+    pub moved: AtomicBool,
     cache: Arc<BlockCache>,
 }
 
 impl Drop for Keytable {
     fn drop(&mut self) {
-        self.cache
-            .remove_keytable(self.id, self.index.blocks.len() as u32);
+        if !self.moved.load(Ordering::Acquire) {
+            self.cache
+                .remove_keytable(self.id, self.index.blocks.len() as u32);
+        }
     }
 }
 
@@ -97,6 +102,7 @@ impl Keytable {
             index_pages,
             index,
             use_bloom,
+            moved: AtomicBool::new(false),
             cache,
         }
     }

@@ -55,6 +55,17 @@ pub struct LogPosition {
     pub epoch: u64,
 }
 
+/// How much of the free-segment reserve an append may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reserve {
+    /// Ordinary writes: never touch the reserve.
+    User,
+    /// Delete-only batches: may use part of it (they free space).
+    Delete,
+    /// GC relocation: may use all of it.
+    Internal,
+}
+
 /// One record to append.
 pub struct LogRecord<'a> {
     /// `record::KIND_PUT` or `record::KIND_DELETE`.
@@ -162,14 +173,20 @@ impl ValueLog {
         };
         {
             let mut inner = log.inner.lock();
-            let (seg, gen) = log.allocate(true)?;
+            let (seg, gen) = log.allocate(Reserve::Internal)?;
             log.start_segment(&mut inner, seg, gen);
         }
         Ok(log)
     }
 
-    fn allocate(&self, allow_reserve: bool) -> Result<(SegmentId, u32)> {
-        if !allow_reserve && self.flash.stats().segments_free <= self.reserved_segments {
+    fn allocate(&self, reserve: Reserve) -> Result<(SegmentId, u32)> {
+        let keep = match reserve {
+            Reserve::User => self.reserved_segments,
+            // Deletes make room, but leave GC a log and a keytable segment.
+            Reserve::Delete => 1 + self.reserved_segments / 2,
+            Reserve::Internal => 0,
+        };
+        if self.flash.free_segments() <= keep {
             return Err(Error::NoSpace);
         }
         Ok(self.flash.allocate(SEGMENT_KIND_LOG)?)
@@ -316,8 +333,8 @@ impl ValueLog {
     }
 
     /// Ends the current segment with a LINK and opens a new one.
-    fn switch_segment(&self, inner: &mut Inner, allow_reserve: bool) -> Result<()> {
-        let (seg, gen) = self.allocate(allow_reserve)?;
+    fn switch_segment(&self, inner: &mut Inner, reserve: Reserve) -> Result<()> {
+        let (seg, gen) = self.allocate(reserve)?;
         let v = record::link_value(seg, inner.next_epoch);
         self.put_record(inner, record::KIND_LINK, 0, 0, &[], &v);
         self.seal_partial(inner);
@@ -334,7 +351,7 @@ impl ValueLog {
     pub fn append(
         &self,
         recs: &[LogRecord<'_>],
-        allow_reserve: bool,
+        reserve: Reserve,
         mut apply: impl FnMut(usize, SeqNo, ValuePtr),
     ) -> Result<u64> {
         let mut inner = self.inner.lock();
@@ -354,7 +371,7 @@ impl ValueLog {
                     self.seg_bytes
                 )));
             }
-            self.switch_segment(&mut inner, allow_reserve)?;
+            self.switch_segment(&mut inner, reserve)?;
         }
         let n = recs.len();
         for (i, r) in recs.iter().enumerate() {
@@ -394,7 +411,6 @@ impl ValueLog {
         f(Self::position(&inner), inner.last_seq)
     }
 
-
     /// The LSN of everything appended so far.
     pub fn appended_lsn(&self) -> u64 {
         self.inner.lock().appended_lsn
@@ -422,7 +438,10 @@ impl ValueLog {
                 None => return Ok(()),
             };
             let page_no = (chunk.offset / self.page as u64) as u32;
-            if let Err(e) = self.flash.write(chunk.seg, page_no, &chunk.data[..chunk.len]) {
+            if let Err(e) = self
+                .flash
+                .write(chunk.seg, page_no, &chunk.data[..chunk.len])
+            {
                 let msg = format!("value log write failed: {e}");
                 self.inner.lock().failed = Some(msg);
                 return Err(e.into());
@@ -488,14 +507,17 @@ impl ValueLog {
         let (raw, from_device) = self.read_record_bytes(ptr)?;
         let raw = (raw, 0usize);
         let epoch = self.epoch_of(ptr)?;
-        let rec = record::decode(&raw.0[raw.1..raw.1 + ptr.len as usize], epoch).map_err(|e| match e {
-            record::DecodeError::Checksum { expected, got } => Error::ChecksumMismatch {
-                what: "value record",
-                expected,
-                got,
-            },
-            other => Error::Corrupt(format!("value record at {ptr:?}: {other:?}")),
-        })?;
+        let rec =
+            record::decode(&raw.0[raw.1..raw.1 + ptr.len as usize], epoch).map_err(
+                |e| match e {
+                    record::DecodeError::Checksum { expected, got } => Error::ChecksumMismatch {
+                        what: "value record",
+                        expected,
+                        got,
+                    },
+                    other => Error::Corrupt(format!("value record at {ptr:?}: {other:?}")),
+                },
+            )?;
         if rec.header.kind != record::KIND_PUT || rec.key != key || rec.header.seq != seq {
             return Err(Error::Corrupt(format!(
                 "value record at {ptr:?} does not belong to the key (seq {seq})"
@@ -521,7 +543,9 @@ impl ValueLog {
         let start = u64::from(ptr.offset);
         let end = start + u64::from(ptr.len);
         if end > self.seg_bytes {
-            return Err(Error::Corrupt(format!("value pointer {ptr:?} out of range")));
+            return Err(Error::Corrupt(format!(
+                "value pointer {ptr:?} out of range"
+            )));
         }
         {
             let inner = self.inner.lock();
@@ -536,7 +560,11 @@ impl ValueLog {
                 .pending
                 .iter()
                 .map(|c| (c.seg, c.offset, &c.data[..c.len]))
-                .chain(std::iter::once((inner.seg, inner.buf_offset, &inner.buf[..inner.buf_len])));
+                .chain(std::iter::once((
+                    inner.seg,
+                    inner.buf_offset,
+                    &inner.buf[..inner.buf_len],
+                )));
             for (seg, off, data) in pieces {
                 if seg != ptr.seg {
                     continue;
@@ -582,7 +610,6 @@ impl ValueLog {
         self.inner.lock().seg
     }
 
-
     /// Subtracts dropped value bytes from a segment's live count, if the
     /// pointer still refers to the segment's current life.
     pub fn release_value(&self, ptr: ValuePtr) {
@@ -597,7 +624,6 @@ impl ValueLog {
     pub fn remove_segment(&self, seg: SegmentId) {
         self.segs.write().remove(&seg);
     }
-
 
     /// Page size in bytes.
     pub fn page_size(&self) -> usize {

@@ -12,7 +12,8 @@ fn put_get_delete_scan_across_flushes_and_reopen() {
     let opts = small_opts();
     let db = open(&dev, &opts);
     for i in 0..300u32 {
-        db.put(&key(i), &value_for(i, 1, 100 + i as usize * 7)).expect("put");
+        db.put(&key(i), &value_for(i, 1, 100 + i as usize * 7))
+            .expect("put");
     }
     db.delete(&key(5)).expect("delete");
     db.maintenance().expect("maintenance");
@@ -22,7 +23,11 @@ fn put_get_delete_scan_across_flushes_and_reopen() {
         if i == 5 {
             assert_eq!(got, None);
         } else {
-            assert_eq!(got.as_deref(), Some(&value_for(i, 1, 100 + i as usize * 7)[..]), "key {i}");
+            assert_eq!(
+                got.as_deref(),
+                Some(&value_for(i, 1, 100 + i as usize * 7)[..]),
+                "key {i}"
+            );
         }
     }
     let r = db.scan(&key(3), &key(8), 100).expect("scan");
@@ -33,7 +38,10 @@ fn put_get_delete_scan_across_flushes_and_reopen() {
     drop(db);
     let db = open(&dev, &opts);
     assert_eq!(db.get(&key(5)).expect("get"), None);
-    assert_eq!(db.get(&key(299)).expect("get").as_deref(), Some(&value_for(299, 1, 100 + 299 * 7)[..]));
+    assert_eq!(
+        db.get(&key(299)).expect("get").as_deref(),
+        Some(&value_for(299, 1, 100 + 299 * 7)[..])
+    );
 }
 
 #[test]
@@ -49,9 +57,17 @@ fn snapshots_see_old_versions_through_compaction() {
     }
     db.maintenance().expect("maintenance");
     db.gc().expect("gc");
-    assert_eq!(db.get_at(b"a", &snap).expect("get").as_deref(), Some(&b"1"[..]));
+    assert_eq!(
+        db.get_at(b"a", &snap).expect("get").as_deref(),
+        Some(&b"1"[..])
+    );
     assert_eq!(db.get(b"a").expect("get").as_deref(), Some(&b"2"[..]));
-    assert_eq!(db.scan_at(b"a", b"b", 10, &snap).expect("scan")[0].1.as_ref(), b"1");
+    assert_eq!(
+        db.scan_at(b"a", b"b", 10, &snap).expect("scan")[0]
+            .1
+            .as_ref(),
+        b"1"
+    );
 }
 
 #[test]
@@ -60,9 +76,15 @@ fn limits_give_clear_errors() {
     let opts = small_opts();
     let db = open(&dev, &opts);
     assert!(matches!(db.put(b"", b"v"), Err(Error::KeyTooLarge { .. })));
-    assert!(matches!(db.put(&vec![1u8; opts.max_key_size + 1], b"v"), Err(Error::KeyTooLarge { .. })));
+    assert!(matches!(
+        db.put(&vec![1u8; opts.max_key_size + 1], b"v"),
+        Err(Error::KeyTooLarge { .. })
+    ));
     let big = vec![7u8; db.max_value_size() + 1];
-    assert!(matches!(db.put(b"k", &big), Err(Error::ValueTooLarge { .. })));
+    assert!(matches!(
+        db.put(b"k", &big),
+        Err(Error::ValueTooLarge { .. })
+    ));
     let ok = vec![7u8; db.max_value_size()];
     db.put(b"k", &ok).expect("largest value");
     assert_eq!(db.get(b"k").expect("get").map(|v| v.len()), Some(ok.len()));

@@ -651,7 +651,16 @@ impl FlashStore {
         self.table.lock().iter().map(Entry::info).collect()
     }
 
-    /// Segment-table summary and device counters.
+    /// Number of Free segments (cheaper than [`FlashStore::stats`]).
+    pub fn free_segments(&self) -> u32 {
+        self.table
+            .lock()
+            .iter()
+            .filter(|e| e.state == EntryState::Free)
+            .count() as u32
+    }
+
+    /// Statistics: segment states, wear and device counters.
     pub fn stats(&self) -> FlashStats {
         let mut stats = FlashStats {
             segments_total: self.geo.segment_count,
