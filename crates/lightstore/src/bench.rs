@@ -1,0 +1,316 @@
+//! `lightstore bench`: the paper's workloads against the engine in-process,
+//! with throughput, latency percentiles, write amplification, device reads
+//! per GET and index DRAM per key.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::flash::{Device, FileDevice, DEFAULT_PAGE_SIZE};
+use engine::{Db, Durability, Options, Stats};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::workload::{encode_key, fill_value, Op, OpStream, Workload};
+
+/// Arguments of `lightstore bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Workload (LightStore paper, Table 3).
+    #[arg(long, value_enum)]
+    workload: Workload,
+    /// Key size in bytes.
+    #[arg(long, default_value_t = 32)]
+    key_size: usize,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 8192)]
+    value_size: usize,
+    /// Number of keys, and of operations.
+    #[arg(long, default_value_t = 100_000)]
+    num: u64,
+    /// Client threads (each has one request in flight: threads = queue depth).
+    #[arg(long, default_value_t = 1)]
+    threads: u64,
+    /// Durability: sync, interval, interval:MS or none.
+    #[arg(long, default_value = "none")]
+    durability: String,
+    /// Data directory (holds the device file `lightstore.dev`).
+    #[arg(long, default_value = "data/lightstore")]
+    path: PathBuf,
+    /// Device file size for a new store, e.g. 8G (default: 3x the data set, at least 1G).
+    #[arg(long, value_parser = parse_size)]
+    capacity: Option<u64>,
+    /// Keytable cache budget, e.g. 512M.
+    #[arg(long, value_parser = parse_size)]
+    cache_size: Option<u64>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Random seed of the key sequence.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+/// Parses sizes like `4096`, `64K`, `512M`, `8G`, `1T`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix in {s:?}")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// What one run measured.
+#[derive(Serialize, Debug)]
+pub struct Report {
+    workload: Workload,
+    num: u64,
+    threads: u64,
+    key_size: usize,
+    value_size: usize,
+    durability: String,
+    direct_io: bool,
+    seconds: f64,
+    ops_per_sec: f64,
+    mb_per_sec: f64,
+    p50_us: u64,
+    p99_us: u64,
+    p999_us: u64,
+    max_us: u64,
+    gets: u64,
+    not_found: u64,
+    write_amplification: f64,
+    device_reads_per_get: f64,
+    index_dram_bytes_per_key: f64,
+    dram_index_bytes: u64,
+    dram_cache_bytes: u64,
+    dram_bloom_bytes: u64,
+    gc_segments_reclaimed: u64,
+    gc_bytes_relocated: u64,
+    garbage_ratio: f64,
+    compactions: u64,
+    write_throttle_ms: u64,
+}
+
+fn progress(len: u64, label: &str, quiet: bool) -> ProgressBar {
+    if quiet || len < 200_000 {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>8} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.set_message(label.to_string());
+    pb
+}
+
+/// Runs the benchmark.
+pub fn run(args: BenchArgs) -> Result<(), String> {
+    let durability: Durability = args.durability.parse()?;
+    if args.threads == 0 || args.num == 0 || args.key_size == 0 {
+        return Err("--threads, --num and --key-size must be positive".into());
+    }
+    std::fs::create_dir_all(&args.path).map_err(|e| format!("{}: {e}", args.path.display()))?;
+    let data_bytes = args.num * (args.key_size + args.value_size + 64) as u64;
+    let capacity = args.capacity.unwrap_or((3 * data_bytes).max(1 << 30));
+    let dev_path = args.path.join("lightstore.dev");
+    let dev = FileDevice::open(&dev_path, Some(capacity), DEFAULT_PAGE_SIZE)
+        .map_err(|e| format!("{}: {e}", dev_path.display()))?;
+    let direct_io = dev.direct_io();
+    let mut opts = Options {
+        durability,
+        ..Options::default()
+    };
+    if let Some(c) = args.cache_size {
+        opts.cache_bytes = c as usize;
+    }
+    let db = Arc::new(Db::open(dev as Arc<dyn Device>, opts).map_err(|e| e.to_string())?);
+
+    if args.workload.reads() && db.stats().last_seq == 0 {
+        let fill = BenchArgs {
+            workload: Workload::SSet,
+            threads: args.threads.min(2),
+            ..args.clone_for_fill()
+        };
+        let (_, _, _) = drive(&db, &fill, progress(args.num, "prefill", args.json))?;
+        db.sync().map_err(|e| e.to_string())?;
+        db.flush().map_err(|e| e.to_string())?;
+        db.maintenance().map_err(|e| e.to_string())?;
+    }
+
+    let before = db.stats();
+    let (elapsed, hist, not_found) = drive(&db, &args, progress(args.num, "run", args.json))?;
+    db.sync().map_err(|e| e.to_string())?;
+    let after = db.stats();
+    let report = make_report(&args, direct_io, elapsed, &hist, not_found, &before, &after);
+    if args.json {
+        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    } else {
+        print_report(&report);
+    }
+    drop(db);
+    Ok(())
+}
+
+impl BenchArgs {
+    fn clone_for_fill(&self) -> BenchArgs {
+        BenchArgs {
+            workload: self.workload,
+            key_size: self.key_size,
+            value_size: self.value_size,
+            num: self.num,
+            threads: self.threads,
+            durability: self.durability.clone(),
+            path: self.path.clone(),
+            capacity: self.capacity,
+            cache_size: self.cache_size,
+            json: self.json,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Runs the operations on `threads` threads; returns elapsed time, the
+/// merged latency histogram (microseconds) and the number of misses.
+fn drive(db: &Arc<Db>, args: &BenchArgs, pb: ProgressBar) -> Result<(Duration, Histogram<u64>, u64), String> {
+    let not_found = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let results: Vec<Result<Histogram<u64>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..args.threads)
+            .map(|t| {
+                let (db, pb, not_found) = (db.clone(), pb.clone(), not_found.clone());
+                s.spawn(move || -> Result<Histogram<u64>, String> {
+                    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+                    let (mut key, mut value) = (Vec::new(), Vec::new());
+                    let mut done = 0u64;
+                    for op in OpStream::new(args.workload, args.num, args.threads, t, args.seed) {
+                        let t0 = Instant::now();
+                        match op {
+                            Op::Get(i) => {
+                                encode_key(i, args.key_size, &mut key);
+                                if db.get(&key).map_err(|e| e.to_string())?.is_none() {
+                                    not_found.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            Op::Set(i) => {
+                                encode_key(i, args.key_size, &mut key);
+                                fill_value(i, t0.elapsed().as_nanos() as u64, args.value_size, &mut value);
+                                db.put(&key, &value).map_err(|e| e.to_string())?;
+                            }
+                        }
+                        hist.saturating_record(t0.elapsed().as_micros().max(1) as u64);
+                        done += 1;
+                        if done % 1024 == 0 {
+                            pb.inc(1024);
+                        }
+                    }
+                    Ok(hist)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("benchmark thread panicked".into())))
+            .collect()
+    });
+    let elapsed = start.elapsed();
+    pb.finish_and_clear();
+    let mut merged = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    for r in results {
+        merged.add(r?).map_err(|e| e.to_string())?;
+    }
+    Ok((elapsed, merged, not_found.load(Ordering::Relaxed)))
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+fn make_report(
+    args: &BenchArgs,
+    direct_io: bool,
+    elapsed: Duration,
+    hist: &Histogram<u64>,
+    not_found: u64,
+    before: &Stats,
+    after: &Stats,
+) -> Report {
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let writes = after.user_bytes_written - before.user_bytes_written;
+    let wa = if writes > 0 {
+        ratio(after.device_bytes_written - before.device_bytes_written, writes)
+    } else {
+        after.write_amplification
+    };
+    Report {
+        workload: args.workload,
+        num: args.num,
+        threads: args.threads,
+        key_size: args.key_size,
+        value_size: args.value_size,
+        durability: args.durability.clone(),
+        direct_io,
+        seconds: secs,
+        ops_per_sec: args.num as f64 / secs,
+        mb_per_sec: (args.num * (args.key_size + args.value_size) as u64) as f64 / secs / 1e6,
+        p50_us: hist.value_at_quantile(0.50),
+        p99_us: hist.value_at_quantile(0.99),
+        p999_us: hist.value_at_quantile(0.999),
+        max_us: hist.max(),
+        gets: after.gets - before.gets,
+        not_found,
+        write_amplification: wa,
+        device_reads_per_get: ratio(after.get_device_reads - before.get_device_reads, after.gets - before.gets),
+        index_dram_bytes_per_key: ratio(after.dram_index_bytes, args.num),
+        dram_index_bytes: after.dram_index_bytes,
+        dram_cache_bytes: after.dram_cache_bytes,
+        dram_bloom_bytes: after.dram_bloom_bytes,
+        gc_segments_reclaimed: after.gc_segments_reclaimed,
+        gc_bytes_relocated: after.gc_bytes_relocated,
+        garbage_ratio: after.garbage_ratio,
+        compactions: after.compactions,
+        write_throttle_ms: (after.write_throttle_micros - before.write_throttle_micros) / 1000,
+    }
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "{:?}: {} ops, {} threads, {} B keys, {} B values, durability {}, direct I/O {}",
+        r.workload, r.num, r.threads, r.key_size, r.value_size, r.durability, r.direct_io
+    );
+    println!("  throughput      {:>12.0} ops/s  {:>9.1} MB/s  ({:.2} s)", r.ops_per_sec, r.mb_per_sec, r.seconds);
+    println!("  latency (us)    p50 {}  p99 {}  p99.9 {}  max {}", r.p50_us, r.p99_us, r.p999_us, r.max_us);
+    println!("  write amp       {:.3}", r.write_amplification);
+    println!("  reads per GET   {:.3}  ({} gets, {} not found)", r.device_reads_per_get, r.gets, r.not_found);
+    println!(
+        "  DRAM            index {} B ({:.2} B/key), cache {} B, bloom {} B",
+        r.dram_index_bytes, r.index_dram_bytes_per_key, r.dram_cache_bytes, r.dram_bloom_bytes
+    );
+    println!(
+        "  GC              {} segments reclaimed, {} B relocated, garbage {:.1} %",
+        r.gc_segments_reclaimed,
+        r.gc_bytes_relocated,
+        100.0 * r.garbage_ratio
+    );
+    println!("  compactions     {}   write throttle {} ms", r.compactions, r.write_throttle_ms);
+}
