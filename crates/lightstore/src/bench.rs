@@ -160,7 +160,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let after = db.stats();
     let report = make_report(&args, direct_io, elapsed, &hist, not_found, &before, &after);
     if args.json {
-        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
     } else {
         print_report(&report);
     }
@@ -188,7 +191,11 @@ impl BenchArgs {
 
 /// Runs the operations on `threads` threads; returns elapsed time, the
 /// merged latency histogram (microseconds) and the number of misses.
-fn drive(db: &Arc<Db>, args: &BenchArgs, pb: ProgressBar) -> Result<(Duration, Histogram<u64>, u64), String> {
+fn drive(
+    db: &Arc<Db>,
+    args: &BenchArgs,
+    pb: ProgressBar,
+) -> Result<(Duration, Histogram<u64>, u64), String> {
     let not_found = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let results: Vec<Result<Histogram<u64>, String>> = std::thread::scope(|s| {
@@ -196,7 +203,8 @@ fn drive(db: &Arc<Db>, args: &BenchArgs, pb: ProgressBar) -> Result<(Duration, H
             .map(|t| {
                 let (db, pb, not_found) = (db.clone(), pb.clone(), not_found.clone());
                 s.spawn(move || -> Result<Histogram<u64>, String> {
-                    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+                    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
+                        .map_err(|e| e.to_string())?;
                     let (mut key, mut value) = (Vec::new(), Vec::new());
                     let mut done = 0u64;
                     for op in OpStream::new(args.workload, args.num, args.threads, t, args.seed) {
@@ -210,7 +218,12 @@ fn drive(db: &Arc<Db>, args: &BenchArgs, pb: ProgressBar) -> Result<(Duration, H
                             }
                             Op::Set(i) => {
                                 encode_key(i, args.key_size, &mut key);
-                                fill_value(i, t0.elapsed().as_nanos() as u64, args.value_size, &mut value);
+                                fill_value(
+                                    i,
+                                    t0.elapsed().as_nanos() as u64,
+                                    args.value_size,
+                                    &mut value,
+                                );
                                 db.put(&key, &value).map_err(|e| e.to_string())?;
                             }
                         }
@@ -226,12 +239,16 @@ fn drive(db: &Arc<Db>, args: &BenchArgs, pb: ProgressBar) -> Result<(Duration, H
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("benchmark thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("benchmark thread panicked".into()))
+            })
             .collect()
     });
     let elapsed = start.elapsed();
     pb.finish_and_clear();
-    let mut merged = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    let mut merged =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
     for r in results {
         merged.add(r?).map_err(|e| e.to_string())?;
     }
@@ -258,7 +275,10 @@ fn make_report(
     let secs = elapsed.as_secs_f64().max(1e-9);
     let writes = after.user_bytes_written - before.user_bytes_written;
     let wa = if writes > 0 {
-        ratio(after.device_bytes_written - before.device_bytes_written, writes)
+        ratio(
+            after.device_bytes_written - before.device_bytes_written,
+            writes,
+        )
     } else {
         after.write_amplification
     };
@@ -280,7 +300,10 @@ fn make_report(
         gets: after.gets - before.gets,
         not_found,
         write_amplification: wa,
-        device_reads_per_get: ratio(after.get_device_reads - before.get_device_reads, after.gets - before.gets),
+        device_reads_per_get: ratio(
+            after.get_device_reads - before.get_device_reads,
+            after.gets - before.gets,
+        ),
         index_dram_bytes_per_key: ratio(after.dram_index_bytes, args.num),
         dram_index_bytes: after.dram_index_bytes,
         dram_cache_bytes: after.dram_cache_bytes,
@@ -298,10 +321,19 @@ fn print_report(r: &Report) {
         "{:?}: {} ops, {} threads, {} B keys, {} B values, durability {}, direct I/O {}",
         r.workload, r.num, r.threads, r.key_size, r.value_size, r.durability, r.direct_io
     );
-    println!("  throughput      {:>12.0} ops/s  {:>9.1} MB/s  ({:.2} s)", r.ops_per_sec, r.mb_per_sec, r.seconds);
-    println!("  latency (us)    p50 {}  p99 {}  p99.9 {}  max {}", r.p50_us, r.p99_us, r.p999_us, r.max_us);
+    println!(
+        "  throughput      {:>12.0} ops/s  {:>9.1} MB/s  ({:.2} s)",
+        r.ops_per_sec, r.mb_per_sec, r.seconds
+    );
+    println!(
+        "  latency (us)    p50 {}  p99 {}  p99.9 {}  max {}",
+        r.p50_us, r.p99_us, r.p999_us, r.max_us
+    );
     println!("  write amp       {:.3}", r.write_amplification);
-    println!("  reads per GET   {:.3}  ({} gets, {} not found)", r.device_reads_per_get, r.gets, r.not_found);
+    println!(
+        "  reads per GET   {:.3}  ({} gets, {} not found)",
+        r.device_reads_per_get, r.gets, r.not_found
+    );
     println!(
         "  DRAM            index {} B ({:.2} B/key), cache {} B, bloom {} B",
         r.dram_index_bytes, r.index_dram_bytes_per_key, r.dram_cache_bytes, r.dram_bloom_bytes
@@ -312,5 +344,8 @@ fn print_report(r: &Report) {
         r.gc_bytes_relocated,
         100.0 * r.garbage_ratio
     );
-    println!("  compactions     {}   write throttle {} ms", r.compactions, r.write_throttle_ms);
+    println!(
+        "  compactions     {}   write throttle {} ms",
+        r.compactions, r.write_throttle_ms
+    );
 }

@@ -8,7 +8,11 @@ mod bench;
 mod workload;
 
 #[derive(Parser)]
-#[command(name = "lightstore", version, about = "LightStore: a network-attached key-value drive")]
+#[command(
+    name = "lightstore",
+    version,
+    about = "LightStore: a network-attached key-value drive"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -130,7 +130,9 @@ mod tests {
 
     #[test]
     fn streams_split_the_work() {
-        let total: usize = (0..3).map(|t| OpStream::new(Workload::SSet, 100, 3, t, 1).count()).sum();
+        let total: usize = (0..3)
+            .map(|t| OpStream::new(Workload::SSet, 100, 3, t, 1).count())
+            .sum();
         assert_eq!(total, 100);
         let mixed: Vec<Op> = OpStream::new(Workload::RMixed, 10_000, 1, 0, 1).collect();
         let sets = mixed.iter().filter(|o| matches!(o, Op::Set(_))).count();

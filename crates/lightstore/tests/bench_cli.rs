@@ -5,14 +5,27 @@ use std::process::Command;
 
 fn bench(dir: &std::path::Path, workload: &str, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_lightstore"))
-        .args(["bench", "--workload", workload, "--num", "3000", "--value-size", "4096", "--json"])
+        .args([
+            "bench",
+            "--workload",
+            workload,
+            "--num",
+            "3000",
+            "--value-size",
+            "4096",
+            "--json",
+        ])
         .arg("--path")
         .arg(dir)
         .args(["--capacity", "256M"])
         .args(extra)
         .output()
         .expect("run lightstore");
-    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
@@ -25,12 +38,26 @@ fn all_workloads_run_and_report() {
     assert!((1.0..1.2).contains(&wa), "s-set write amplification {wa}");
     for w in ["s-get", "r-get", "r-mixed"] {
         let r = bench(dir.path(), w, &[]);
-        assert_eq!(r["not_found"].as_u64(), Some(0), "{w}: every key was written");
+        assert_eq!(
+            r["not_found"].as_u64(),
+            Some(0),
+            "{w}: every key was written"
+        );
         let reads = r["device_reads_per_get"].as_f64().unwrap_or(0.0);
         assert!(reads <= 1.05, "{w}: device reads per GET {reads}");
     }
-    let r = bench(dir.path(), "r-set", &["--threads", "4", "--durability", "sync"]);
-    for field in ["p50_us", "p99_us", "p999_us", "mb_per_sec", "index_dram_bytes_per_key"] {
+    let r = bench(
+        dir.path(),
+        "r-set",
+        &["--threads", "4", "--durability", "sync"],
+    );
+    for field in [
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "mb_per_sec",
+        "index_dram_bytes_per_key",
+    ] {
         assert!(r.get(field).is_some(), "missing {field}");
     }
 }
