@@ -229,7 +229,7 @@ fn drive(
                         }
                         hist.saturating_record(t0.elapsed().as_micros().max(1) as u64);
                         done += 1;
-                        if done % 1024 == 0 {
+                        if done.is_multiple_of(1024) {
                             pb.inc(1024);
                         }
                     }
