@@ -24,6 +24,10 @@ use crate::types::{Entry, Kind, SeqNo};
 use crate::version::{ReadCtx, SegmentRef, Version};
 use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 
+/// Sealed log chunks allowed to wait for the write-behind thread before
+/// writers start writing them themselves.
+const MAX_LOG_BACKLOG: usize = 8;
+
 /// One operation of an atomic write batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BatchOp {
@@ -132,6 +136,12 @@ impl Db {
                 std::thread::Builder::new()
                     .name("ls-maint".into())
                     .spawn(move || bg.background_loop())?,
+            );
+            let log = inner.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("ls-log".into())
+                    .spawn(move || log.log_writer_loop())?,
             );
         }
         if let Durability::Interval(every) = inner.opts.durability {
@@ -256,6 +266,7 @@ impl Db {
             *w = true;
             self.inner.wake_cv.notify_all();
         }
+        self.inner.vlog.wake_writer();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -336,9 +347,7 @@ impl DbInner {
             }
         })?;
         Counters::add(&self.counters.user_bytes, user_bytes);
-        if self.vlog.has_backlog(1) {
-            self.vlog.write_pending(self.vlog.has_backlog(4))?;
-        }
+        self.write_behind()?;
         if self.opts.durability == Durability::Sync {
             self.vlog.sync_to(lsn)?;
         }
@@ -363,10 +372,33 @@ impl DbInner {
                 .mem
                 .insert(Bytes::copy_from_slice(key), seq, Kind::Put, ptr);
         })?;
-        if self.vlog.has_backlog(1) {
+        self.write_behind()
+    }
+
+    /// Sealed log chunks are written by the `ls-log` thread while writers go
+    /// on appending; a writer helps (and so waits) only when the backlog is
+    /// deep. Without background threads, writers write them inline.
+    fn write_behind(&self) -> Result<()> {
+        let backlog = self.vlog.backlog();
+        if !self.opts.background {
+            if backlog > 0 {
+                self.vlog.write_pending(false)?;
+            }
+        } else if backlog >= MAX_LOG_BACKLOG {
             self.vlog.write_pending(true)?;
         }
         Ok(())
+    }
+
+    fn log_writer_loop(&self) {
+        while !self.shutdown.load(Ordering::Acquire) {
+            self.vlog.wait_for_chunks(Duration::from_millis(20));
+            if let Err(e) = self.vlog.write_pending(true) {
+                tracing::error!(error = %e, "value log write failed");
+                *self.bg_error.lock() = Some(e.to_string());
+                return;
+            }
+        }
     }
 
     pub(crate) fn memtable_full(&self) -> bool {

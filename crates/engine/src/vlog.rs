@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use flash::{AlignedBuf, FlashStore, SegmentId, IO_ALIGN};
+use flash::{AlignedBuf, FlashStore, SegmentId, READ_ALIGN};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
@@ -96,6 +96,8 @@ struct Inner {
     buf: AlignedBuf,
     buf_offset: u64,
     buf_len: usize,
+    /// Usable bytes of `buf` (less than its size near the segment's end).
+    buf_cap: usize,
     /// Sealed chunks not yet confirmed written, oldest first.
     pending: VecDeque<Arc<Chunk>>,
     appended_lsn: u64,
@@ -122,7 +124,15 @@ pub struct ValueLog {
     sync: Mutex<SyncState>,
     synced: Condvar,
     segs: RwLock<BTreeMap<SegmentId, SegMeta>>,
+    /// Written chunk buffers kept for reuse.
+    free_bufs: Mutex<Vec<AlignedBuf>>,
+    /// Set when a chunk is sealed; the write-behind thread waits on it.
+    flusher_work: Mutex<bool>,
+    flusher_cv: Condvar,
 }
+
+/// Chunk buffers kept for reuse at most.
+const FREE_BUFS: usize = 8;
 
 /// Largest record the log accepts (must fit in one segment with its framing).
 pub fn max_record_len(seg_bytes: u64, page: usize) -> usize {
@@ -156,6 +166,7 @@ impl ValueLog {
                 buf: AlignedBuf::new_zeroed(chunk_bytes),
                 buf_offset: 0,
                 buf_len: 0,
+                buf_cap: chunk_bytes,
                 pending: VecDeque::new(),
                 appended_lsn: 0,
                 last_seq,
@@ -170,6 +181,9 @@ impl ValueLog {
             }),
             synced: Condvar::new(),
             segs: RwLock::new(segs),
+            free_bufs: Mutex::new(Vec::new()),
+            flusher_work: Mutex::new(false),
+            flusher_cv: Condvar::new(),
         };
         {
             let mut inner = log.inner.lock();
@@ -201,6 +215,7 @@ impl ValueLog {
         inner.epoch = epoch;
         inner.buf_offset = 0;
         inner.buf_len = 0;
+        inner.buf_cap = self.chunk_bytes;
         self.segs.write().insert(
             seg,
             SegMeta {
@@ -243,7 +258,7 @@ impl ValueLog {
             self.skip_bytes(inner, self.page - in_page);
         }
         let offset = inner.buf_offset + inner.buf_len as u64;
-        let room = inner.buf.len() - inner.buf_len;
+        let room = inner.buf_cap - inner.buf_len;
         if len <= room {
             let at = inner.buf_len;
             record::encode_into(
@@ -257,7 +272,7 @@ impl ValueLog {
             );
             inner.buf_len += len;
             inner.appended_lsn += len as u64;
-            if inner.buf_len == inner.buf.len() {
+            if inner.buf_len == inner.buf_cap {
                 self.seal_chunk(inner);
             }
         } else {
@@ -273,14 +288,14 @@ impl ValueLog {
 
     fn put_bytes(&self, inner: &mut Inner, mut b: &[u8]) {
         while !b.is_empty() {
-            let room = inner.buf.len() - inner.buf_len;
+            let room = inner.buf_cap - inner.buf_len;
             let n = room.min(b.len());
             let at = inner.buf_len;
             inner.buf[at..at + n].copy_from_slice(&b[..n]);
             inner.buf_len += n;
             inner.appended_lsn += n as u64;
             b = &b[n..];
-            if inner.buf_len == inner.buf.len() {
+            if inner.buf_len == inner.buf_cap {
                 self.seal_chunk(inner);
             }
         }
@@ -291,7 +306,7 @@ impl ValueLog {
         inner.buf[at..at + n].fill(0);
         inner.buf_len += n;
         inner.appended_lsn += n as u64;
-        if inner.buf_len == inner.buf.len() {
+        if inner.buf_len == inner.buf_cap {
             self.seal_chunk(inner);
         }
     }
@@ -316,11 +331,16 @@ impl ValueLog {
     /// Moves the (page-aligned) current buffer to `pending`.
     fn seal_chunk(&self, inner: &mut Inner) {
         let len = inner.buf_len.div_ceil(self.page) * self.page;
-        let cap = self
-            .chunk_bytes
-            .min((self.seg_bytes - (inner.buf_offset + len as u64)) as usize);
-        let cap = cap.max(self.page);
-        let data = std::mem::replace(&mut inner.buf, AlignedBuf::new_zeroed(cap));
+        let at = inner.buf_len;
+        inner.buf[at..len].fill(0);
+        let rest = (self.seg_bytes - (inner.buf_offset + len as u64)) as usize;
+        inner.buf_cap = self.chunk_bytes.min(rest).max(self.page);
+        let fresh = self
+            .free_bufs
+            .lock()
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::new_zeroed(self.chunk_bytes));
+        let data = std::mem::replace(&mut inner.buf, fresh);
         inner.pending.push_back(Arc::new(Chunk {
             seg: inner.seg,
             offset: inner.buf_offset,
@@ -330,6 +350,9 @@ impl ValueLog {
         }));
         inner.buf_offset += len as u64;
         inner.buf_len = 0;
+        let mut work = self.flusher_work.lock();
+        *work = true;
+        self.flusher_cv.notify_one();
     }
 
     /// Ends the current segment with a LINK and opens a new one.
@@ -416,11 +439,6 @@ impl ValueLog {
         self.inner.lock().appended_lsn
     }
 
-    /// True if many chunks wait to be written (callers then write them).
-    pub fn has_backlog(&self, chunks: usize) -> bool {
-        self.inner.lock().pending.len() >= chunks
-    }
-
     /// Writes sealed chunks in order. With `block == false` it returns at once
     /// if another thread is writing (that thread drains the queue).
     pub fn write_pending(&self, block: bool) -> Result<()> {
@@ -447,9 +465,38 @@ impl ValueLog {
                 return Err(e.into());
             }
             self.inner.lock().pending.pop_front();
-            let mut s = self.sync.lock();
-            s.written_lsn = s.written_lsn.max(chunk.end_lsn);
+            {
+                let mut s = self.sync.lock();
+                s.written_lsn = s.written_lsn.max(chunk.end_lsn);
+            }
+            if let Ok(c) = Arc::try_unwrap(chunk) {
+                let mut free = self.free_bufs.lock();
+                if free.len() < FREE_BUFS && c.data.len() == self.chunk_bytes {
+                    free.push(c.data);
+                }
+            }
         }
+    }
+
+    /// Waits until a chunk is sealed (or `timeout`); for the write-behind thread.
+    pub fn wait_for_chunks(&self, timeout: std::time::Duration) {
+        let mut work = self.flusher_work.lock();
+        if !*work {
+            self.flusher_cv.wait_for(&mut work, timeout);
+        }
+        *work = false;
+    }
+
+    /// Wakes the write-behind thread (at shutdown).
+    pub fn wake_writer(&self) {
+        let mut work = self.flusher_work.lock();
+        *work = true;
+        self.flusher_cv.notify_all();
+    }
+
+    /// Number of sealed chunks waiting to be written.
+    pub fn backlog(&self) -> usize {
+        self.inner.lock().pending.len()
     }
 
     /// Makes everything appended up to `lsn` durable; concurrent callers
@@ -590,13 +637,14 @@ impl ValueLog {
         Ok((self.read_device(ptr.seg, start, end)?, true))
     }
 
-    /// Reads `[start, end)` of a segment with one aligned device read.
+    /// Reads `[start, end)` of a segment with one device read, widened to
+    /// the device's read granularity.
     pub fn read_device(&self, seg: SegmentId, start: u64, end: u64) -> Result<Vec<u8>> {
-        let align = IO_ALIGN as u64;
+        let align = READ_ALIGN as u64;
         let a = start / align * align;
         let b = end.div_ceil(align) * align;
         let mut buf = AlignedBuf::new_zeroed((b - a) as usize);
-        self.flash.read(seg, a, &mut buf)?;
+        self.flash.read(seg, a, &mut buf[..(b - a) as usize])?;
         Ok(buf[(start - a) as usize..(end - a) as usize].to_vec())
     }
 

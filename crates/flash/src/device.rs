@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 
 use crate::error::{FlashError, Result};
 use crate::stats::DeviceCounters;
-use crate::IO_ALIGN;
+use crate::{IO_ALIGN, READ_ALIGN};
 
 /// A raw page device: a linear array of `capacity / page_size` pages.
 ///
@@ -18,7 +18,7 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn capacity(&self) -> u64;
     /// Size of one page (the program unit) in bytes.
     fn page_size(&self) -> u32;
-    /// Reads `buf.len()` bytes at `offset`; both must be multiples of [`IO_ALIGN`].
+    /// Reads `buf.len()` bytes at `offset`; both must be multiples of [`READ_ALIGN`].
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
     /// Writes `data` at `offset`; both must be multiples of the page size.
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
@@ -42,10 +42,10 @@ pub trait Device: Send + Sync + std::fmt::Debug {
 
 /// Checks the [`Device::read_at`] argument rules against a device of `capacity` bytes.
 pub(crate) fn check_read(capacity: u64, offset: u64, len: usize) -> Result<()> {
-    let align = IO_ALIGN as u64;
-    if !offset.is_multiple_of(align) || !len.is_multiple_of(IO_ALIGN) {
+    let align = READ_ALIGN as u64;
+    if !offset.is_multiple_of(align) || !len.is_multiple_of(READ_ALIGN) {
         return Err(FlashError::Misaligned(format!(
-            "read at {offset} of {len} bytes is not {IO_ALIGN}-byte aligned"
+            "read at {offset} of {len} bytes is not {READ_ALIGN}-byte aligned"
         )));
     }
     check_range(capacity, offset, len as u64)

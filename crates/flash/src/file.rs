@@ -11,6 +11,7 @@ use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::device::{check_page_range, check_read, is_io_aligned, AlignedBuf, Device};
@@ -20,7 +21,7 @@ use crate::stats::{pages_touched, AtomicCounters, DeviceCounters};
 use crate::IO_ALIGN;
 
 /// Preferred stripe: the unit in which large writes are split across the pool.
-const STRIPE_BYTES: usize = 256 * 1024;
+const STRIPE_BYTES: usize = 1024 * 1024;
 /// Number of I/O threads per device.
 const IO_THREADS: usize = 4;
 /// `BLKDISCARD` = `_IO(0x12, 119)`: discard a byte range of a block device.
@@ -39,6 +40,8 @@ pub struct FileDevice {
     block_device: bool,
     /// Stripe size: a nonzero multiple of `page_size`.
     stripe: usize,
+    /// Whether direct reads of 512-byte granularity work here.
+    sub_block_reads: AtomicBool,
     pool: IoPool,
     counters: AtomicCounters,
 }
@@ -108,6 +111,7 @@ impl FileDevice {
             direct,
             block_device,
             stripe,
+            sub_block_reads: AtomicBool::new(true),
             pool: IoPool::new("flash-io", IO_THREADS)?,
             counters: AtomicCounters::default(),
         }))
@@ -135,6 +139,20 @@ impl FileDevice {
         Ok(())
     }
 
+    /// Reads through a bounce buffer widened to whole 4 KiB blocks.
+    fn read_widened(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let align = IO_ALIGN as u64;
+        let start = offset / align * align;
+        let end = (offset + buf.len() as u64).div_ceil(align) * align;
+        let end = end.min(self.capacity.div_ceil(align) * align);
+        let mut bounce = AlignedBuf::new_zeroed((end - start) as usize);
+        self.file
+            .read_exact_at(&mut bounce[..(end - start) as usize], start)?;
+        let at = (offset - start) as usize;
+        buf.copy_from_slice(&bounce[at..at + buf.len()]);
+        Ok(())
+    }
+
     /// Writes `data`, through an aligned bounce buffer if direct I/O needs one.
     fn write_from(file: &File, direct: bool, offset: u64, data: &[u8]) -> Result<()> {
         if direct && !is_io_aligned(data.as_ptr()) {
@@ -144,6 +162,21 @@ impl FileDevice {
             file.write_all_at(data, offset)?;
         }
         Ok(())
+    }
+}
+
+/// A shared slice handed to an I/O worker for the duration of a call that
+/// waits for the worker (see `IoPool::run_all`).
+struct BorrowedSlice(*const u8, usize);
+
+// SAFETY: the pointee is only read, and only while the lending call waits.
+unsafe impl Send for BorrowedSlice {}
+
+impl BorrowedSlice {
+    /// SAFETY: the caller guarantees the lent slice is still alive and not
+    /// mutated.
+    unsafe fn as_slice(&self) -> &[u8] {
+        std::slice::from_raw_parts(self.0, self.1)
     }
 }
 
@@ -195,7 +228,22 @@ impl Device for FileDevice {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         check_read(self.capacity, offset, buf.len())?;
-        Self::read_into(&self.file, self.direct, offset, buf)?;
+        let whole_blocks =
+            offset.is_multiple_of(IO_ALIGN as u64) && buf.len().is_multiple_of(IO_ALIGN);
+        if !self.direct || whole_blocks || self.sub_block_reads.load(Ordering::Relaxed) {
+            match Self::read_into(&self.file, self.direct, offset, buf) {
+                Err(FlashError::Io(e))
+                    if !whole_blocks && e.raw_os_error() == Some(libc::EINVAL) =>
+                {
+                    // The file system wants 4 KiB-aligned direct reads.
+                    self.sub_block_reads.store(false, Ordering::Relaxed);
+                    self.read_widened(offset, buf)?;
+                }
+                other => other?,
+            }
+        } else {
+            self.read_widened(offset, buf)?;
+        }
         let len = buf.len() as u64;
         self.counters
             .record_read(pages_touched(offset, len, self.page_size), len);
@@ -205,14 +253,21 @@ impl Device for FileDevice {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         check_page_range(self.capacity, self.page_size, offset, data.len() as u64)?;
         if data.len() >= 2 * self.stripe {
-            // Consecutive stripes are written in parallel; each job owns a copy.
+            // Consecutive stripes are written in parallel, straight from the
+            // caller's buffer (no copy).
             let jobs = data.chunks(self.stripe).enumerate().map(|(i, chunk)| {
                 let file = Arc::clone(&self.file);
                 let direct = self.direct;
                 let at = offset + (i * self.stripe) as u64;
-                let buf = AlignedBuf::copy_from(chunk);
-                let len = chunk.len();
-                move || Self::write_from(&file, direct, at, &buf[..len])
+                let borrowed = BorrowedSlice(chunk.as_ptr(), chunk.len());
+                move || {
+                    // SAFETY: `run_all` below waits for every job (also one
+                    // that panics) before `write_at` returns, so `data`
+                    // outlives each use of this pointer, and nothing writes
+                    // to `data` meanwhile (it is borrowed shared).
+                    let chunk = unsafe { borrowed.as_slice() };
+                    Self::write_from(&file, direct, at, chunk)
+                }
             });
             self.pool.run_all(jobs)?;
         } else {
@@ -350,6 +405,28 @@ mod tests {
             (1, 3, data.len() as u64)
         );
         assert_eq!((c.read_ops, c.pages_read), (2, 4));
+    }
+
+    #[test]
+    fn sub_block_reads_return_the_right_bytes() {
+        let (_dir, dev) = open_temp(1 << 20);
+        let data = pattern(4 * PS as usize, 5);
+        dev.write_at(0, &data).unwrap();
+        for (off, len) in [
+            (512usize, 512usize),
+            (1536, 8704),
+            (4096 + 512, 3072),
+            (7680, 1024),
+        ] {
+            let mut buf = AlignedBuf::new_zeroed(len);
+            dev.read_at(off as u64, &mut buf[..len]).unwrap();
+            assert_eq!(&buf[..len], &data[off..off + len], "read at {off} of {len}");
+        }
+        let mut odd = vec![0u8; 100];
+        assert!(
+            dev.read_at(512, &mut odd).is_err(),
+            "lengths stay 512-byte granular"
+        );
     }
 
     #[test]

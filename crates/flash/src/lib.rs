@@ -39,3 +39,9 @@ pub const DEFAULT_PAGE_SIZE: u32 = 8192;
 /// Alignment required for read offsets, read lengths and I/O buffer addresses
 /// (the O_DIRECT requirement of common Linux file systems and block devices).
 pub const IO_ALIGN: usize = 4096;
+
+/// Granularity of read offsets and lengths: the 512-byte logical block of
+/// common devices. A small value read this way moves little more than the
+/// value; a device or file system that cannot do sub-4 KiB direct reads
+/// widens them to [`IO_ALIGN`] internally.
+pub const READ_ALIGN: usize = 512;

@@ -26,7 +26,7 @@ use crate::device::{AlignedBuf, Device};
 use crate::error::{FlashError, Result};
 use crate::stats::FlashStats;
 use crate::superblock::Superblock;
-use crate::{SegmentId, IO_ALIGN};
+use crate::{SegmentId, IO_ALIGN, READ_ALIGN};
 
 /// Minimum default size of one checkpoint slot.
 const MIN_DEFAULT_SLOT_BYTES: u64 = 2 << 20;
@@ -537,9 +537,9 @@ impl FlashStore {
     /// Validates a read of `len` bytes at byte `offset` of `seg`; returns the device offset.
     fn read_offset(&self, seg: SegmentId, offset: u64, len: usize) -> Result<u64> {
         self.check_segment(seg)?;
-        if !offset.is_multiple_of(IO_ALIGN as u64) || !len.is_multiple_of(IO_ALIGN) {
+        if !offset.is_multiple_of(READ_ALIGN as u64) || !len.is_multiple_of(READ_ALIGN) {
             return Err(FlashError::Misaligned(format!(
-                "read at {offset} of {len} bytes is not {IO_ALIGN}-byte aligned"
+                "read at {offset} of {len} bytes is not {READ_ALIGN}-byte aligned"
             )));
         }
         match offset.checked_add(len as u64) {

@@ -13,7 +13,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::workload::{encode_key, fill_value, Op, OpStream, Workload};
+use crate::workload::{encode_key, Op, OpStream, Values, Workload};
 
 /// Arguments of `lightstore bench`.
 #[derive(clap::Args, Debug)]
@@ -205,7 +205,8 @@ fn drive(
                 s.spawn(move || -> Result<Histogram<u64>, String> {
                     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
                         .map_err(|e| e.to_string())?;
-                    let (mut key, mut value) = (Vec::new(), Vec::new());
+                    let values = Values::new(args.value_size, args.seed ^ t);
+                    let mut key = Vec::new();
                     let mut done = 0u64;
                     for op in OpStream::new(args.workload, args.num, args.threads, t, args.seed) {
                         let t0 = Instant::now();
@@ -218,13 +219,8 @@ fn drive(
                             }
                             Op::Set(i) => {
                                 encode_key(i, args.key_size, &mut key);
-                                fill_value(
-                                    i,
-                                    t0.elapsed().as_nanos() as u64,
-                                    args.value_size,
-                                    &mut value,
-                                );
-                                db.put(&key, &value).map_err(|e| e.to_string())?;
+                                db.put(&key, values.get(i, done))
+                                    .map_err(|e| e.to_string())?;
                             }
                         }
                         hist.saturating_record(t0.elapsed().as_micros().max(1) as u64);

@@ -100,17 +100,31 @@ pub fn encode_key(i: u64, size: usize, out: &mut Vec<u8>) {
     }
 }
 
-/// Fills `out` with a value of `size` bytes for key `i` (cheap, distinct).
-pub fn fill_value(i: u64, version: u64, size: usize, out: &mut Vec<u8>) {
-    out.clear();
-    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
-    while out.len() + 8 <= size {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
+/// Incompressible value bytes: a random buffer that values are sliced from
+/// at varying offsets (as db_bench does), so generating a value costs nothing.
+pub struct Values {
+    buf: Vec<u8>,
+    size: usize,
+}
+
+impl Values {
+    /// A source of `size`-byte values.
+    pub fn new(size: usize, seed: u64) -> Values {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut buf = vec![0u8; (1 << 20) + size];
+        rng.fill(&mut buf[..]);
+        Values { buf, size }
     }
-    out.resize(size, 0xA5);
+
+    /// The value for key `i`, write `version`.
+    pub fn get(&self, i: u64, version: u64) -> &[u8] {
+        let span = (self.buf.len() - self.size) as u64;
+        let at = (i
+            .wrapping_mul(7919)
+            .wrapping_add(version.wrapping_mul(104_729))
+            % span) as usize;
+        &self.buf[at..at + self.size]
+    }
 }
 
 #[cfg(test)]
