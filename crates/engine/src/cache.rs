@@ -23,7 +23,7 @@ struct Shard {
 /// A sharded CLOCK cache of keytable blocks.
 pub struct BlockCache {
     shards: Vec<Mutex<Shard>>,
-    budget_per_shard: usize,
+    budget_per_shard: AtomicUsize,
     used: AtomicUsize,
 }
 
@@ -40,9 +40,15 @@ impl BlockCache {
                     })
                 })
                 .collect(),
-            budget_per_shard: budget / SHARDS,
+            budget_per_shard: AtomicUsize::new(budget / SHARDS),
             used: AtomicUsize::new(0),
         }
+    }
+
+    /// Changes the budget; the excess is evicted as blocks are inserted.
+    pub fn set_budget(&self, budget: usize) {
+        self.budget_per_shard
+            .store(budget / SHARDS, Ordering::Relaxed);
     }
 
     fn shard(&self, k: BlockKey) -> &Mutex<Shard> {
@@ -61,7 +67,8 @@ impl BlockCache {
     /// Inserts a block, evicting others beyond the budget.
     pub fn insert(&self, kt: u64, block: u32, b: Arc<Block>) {
         let size = b.dram_bytes();
-        if size > self.budget_per_shard {
+        let budget = self.budget_per_shard.load(Ordering::Relaxed);
+        if size > budget {
             return;
         }
         let mut s = self.shard((kt, block)).lock();
@@ -73,7 +80,7 @@ impl BlockCache {
         }
         s.bytes += size;
         self.used.fetch_add(size, Ordering::Relaxed);
-        while s.bytes > self.budget_per_shard {
+        while s.bytes > budget {
             let Some(k) = s.clock.pop_front() else { break };
             match s.map.get_mut(&k) {
                 Some(slot) if slot.1 => {

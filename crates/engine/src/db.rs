@@ -66,6 +66,8 @@ pub(crate) struct MaintState {
     pub(crate) compact_cursor: Vec<Bytes>,
     /// Compactions forced by low space since space was last plentiful.
     pub(crate) forced_compactions: usize,
+    /// Free segments a new keytable segment must leave (see `KtReserve`).
+    pub(crate) kt_keep_free: u32,
     pub(crate) device_bytes_base: u64,
     pub(crate) user_bytes_base: u64,
 }
@@ -251,12 +253,12 @@ impl Db {
         self.inner.stats()
     }
 
-    /// Syncs, writes a final checkpoint and stops background threads.
+    /// Stops background threads, flushes the memtable and writes a final
+    /// checkpoint, so the next open has no log to replay.
     pub fn close(mut self) -> Result<()> {
         self.stop_threads();
         self.inner.vlog.sync_all()?;
-        let _m = self.inner.maint.lock();
-        Ok(())
+        self.inner.flush_now()
     }
 
     fn stop_threads(&mut self) {
@@ -560,7 +562,7 @@ impl DbInner {
         let mut bloom = 0u64;
         for kt in sv.version.all() {
             index += kt.index.index_dram_bytes() as u64;
-            if kt.use_bloom {
+            if kt.use_bloom.load(Ordering::Relaxed) {
                 bloom += kt.index.bloom.bytes() as u64;
             }
         }

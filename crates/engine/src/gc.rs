@@ -80,7 +80,7 @@ impl DbInner {
         }
         // Make the re-inserted pointers durable in keytables so the victims
         // can be released by the flush's checkpoint.
-        self.flush_locked(st)?;
+        self.flush_locked(st, crate::maint::kt_reserve::GC_FLUSH)?;
         Ok(cleaned)
     }
 

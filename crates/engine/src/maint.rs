@@ -22,6 +22,19 @@ use crate::version::{Keytable, SegmentRef, Version};
 /// Flash segment kind tag for keytable segments.
 pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
 
+/// Free segments each kind of keytable write must leave, so that when the
+/// device is nearly full the work that makes room (GC and the flush that
+/// completes it) always finds a segment: compaction and defragmentation stop
+/// first, then ordinary flushes, and GC's own flush may use the last one.
+pub(crate) mod kt_reserve {
+    /// Compaction and keytable defragmentation (optional work).
+    pub const OPTIONAL: u32 = 2;
+    /// Memtable flush.
+    pub const FLUSH: u32 = 1;
+    /// The flush that completes a GC pass.
+    pub const GC_FLUSH: u32 = 0;
+}
+
 impl DbInner {
     pub(crate) fn background_loop(&self) {
         while !self.shutdown.load(Ordering::Acquire) {
@@ -56,7 +69,7 @@ impl DbInner {
         for _ in 0..1000 {
             let mut did = false;
             if self.memtable_full() || (self.space_low() && !self.sv.read().mem.is_empty()) {
-                self.flush_locked(&mut st)?;
+                self.flush_locked(&mut st, kt_reserve::FLUSH)?;
                 did = true;
             }
             if self.gc_locked(&mut st, false)? > 0 {
@@ -86,12 +99,13 @@ impl DbInner {
 
     pub(crate) fn flush_now(&self) -> Result<()> {
         let mut st = self.maint.lock();
-        self.flush_locked(&mut st)
+        self.flush_locked(&mut st, kt_reserve::FLUSH)
     }
 
     /// Freezes the memtable, writes it (merged with overlapping L1
     /// keytables) as new L1 keytables, installs them and checkpoints.
-    pub(crate) fn flush_locked(&self, st: &mut MaintState) -> Result<()> {
+    pub(crate) fn flush_locked(&self, st: &mut MaintState, keep_free: u32) -> Result<()> {
+        st.kt_keep_free = keep_free;
         let (pos, seq) = self.vlog.with_position(|pos, seq| {
             let mut sv = self.sv.write();
             let next = SuperVersion {
@@ -140,6 +154,7 @@ impl DbInner {
             };
             *sv = Arc::new(next);
         }
+        self.apply_dram_budget();
         for ptr in released {
             self.vlog.release_value(ptr);
         }
@@ -184,6 +199,7 @@ impl DbInner {
             st.forced_compactions = 0;
         }
         let Some(li) = pick else { return Ok(false) };
+        st.kt_keep_free = kt_reserve::OPTIONAL;
         if st.compact_cursor.len() <= li {
             st.compact_cursor.resize(li + 1, Bytes::new());
         }
@@ -226,6 +242,7 @@ impl DbInner {
             };
             *sv = Arc::new(next);
         }
+        self.apply_dram_budget();
         for ptr in released {
             self.vlog.release_value(ptr);
         }
@@ -233,6 +250,30 @@ impl DbInner {
         Counters::add(&self.counters.compactions, 1);
         self.checkpoint(st)?;
         Ok(true)
+    }
+
+    /// Splits the DRAM budget in PinK's order: the level index always stays;
+    /// the keytable cache gets what it needs of the rest (up to its own
+    /// limit); Bloom filters get what remains, upper levels first.
+    pub(crate) fn apply_dram_budget(&self) {
+        let version = self.sv.read().version.clone();
+        let index: usize = version.all().map(|kt| kt.index.index_dram_bytes()).sum();
+        let tables: usize = version
+            .all()
+            .map(|kt| kt.data_pages as usize * self.page)
+            .sum();
+        let rest = self.opts.dram_budget.saturating_sub(index);
+        let cache = self.opts.cache_bytes.min(rest);
+        self.ctx.cache.set_budget(cache);
+        let mut blooms = rest - cache.min(tables);
+        for kt in version.all() {
+            let need = kt.index.bloom.bytes();
+            let keep = need <= blooms;
+            if keep {
+                blooms -= need;
+            }
+            kt.use_bloom.store(keep, Ordering::Relaxed);
+        }
     }
 
     fn total_keytables(&self, v: &Version) -> usize {
@@ -315,6 +356,9 @@ impl DbInner {
             .as_ref()
             .is_some_and(|(_, next)| next + pages <= seg_pages);
         if !fits {
+            if self.flash.free_segments() <= st.kt_keep_free {
+                return Err(Error::NoSpace);
+            }
             let (seg, _) = self.flash.allocate(SEGMENT_KIND_KEYTABLE)?;
             st.kt_seg = Some((SegmentRef::new(seg, self.release_queue.clone()), 0));
         }
@@ -361,6 +405,7 @@ impl DbInner {
         for kt in version.all() {
             *used.entry(kt.seg.seg()).or_default() += kt.data_pages + kt.index_pages;
         }
+        st.kt_keep_free = kt_reserve::OPTIONAL;
         let Some((&victim, _)) = used
             .iter()
             .filter(|(s, &p)| Some(**s) != current && p * 2 < seg_pages)
@@ -392,7 +437,7 @@ impl DbInner {
                     slot.data_pages,
                     slot.index_pages,
                     slot.index.clone(),
-                    slot.use_bloom,
+                    slot.use_bloom.load(Ordering::Relaxed),
                     self.ctx.cache.clone(),
                 ));
                 moved.push(std::mem::replace(slot, copy));
@@ -407,6 +452,7 @@ impl DbInner {
             };
             *sv = Arc::new(next);
         }
+        self.apply_dram_budget();
         for old in &moved {
             old.moved.store(true, Ordering::Release);
         }

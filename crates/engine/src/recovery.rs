@@ -194,6 +194,7 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
             gc_pinned: (Vec::new(), Vec::new()),
             compact_cursor: Vec::new(),
             forced_compactions: 0,
+            kt_keep_free: 0,
             device_bytes_base: manifest.counters.device_bytes.saturating_sub(device_now),
             user_bytes_base: manifest.counters.user_bytes,
         }),
@@ -207,6 +208,7 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
         free_hint: AtomicU32::new(u32::MAX),
         opts,
     };
+    inner.apply_dram_budget();
     // Persist the recovered tail in keytables and the new boot number.
     inner.flush_now()?;
     Ok(inner)

@@ -64,8 +64,9 @@ pub struct Keytable {
     pub index_pages: u32,
     /// Level index, filter and key range.
     pub index: KeytableIndex,
-    /// Whether the Bloom filter is consulted (it may be dropped under a tight budget).
-    pub use_bloom: bool,
+    /// Whether the Bloom filter is consulted (filters are dropped first when
+    /// the DRAM budget is tight; see `DbInner::apply_dram_budget`).
+    pub use_bloom: AtomicBool,
     /// Set when the keytable was copied elsewhere under the same id: its
     /// cached blocks now belong to the copy and stay cached.
     pub moved: AtomicBool,
@@ -101,7 +102,7 @@ impl Keytable {
             data_pages,
             index_pages,
             index,
-            use_bloom,
+            use_bloom: AtomicBool::new(use_bloom),
             moved: AtomicBool::new(false),
             cache,
         }
@@ -130,7 +131,7 @@ impl Keytable {
 
     /// The newest version of `key` at or below `seq` in this keytable.
     pub fn get(&self, key: &[u8], hash: u64, seq: SeqNo, ctx: &ReadCtx) -> Result<Option<Entry>> {
-        if self.use_bloom && !self.index.bloom.may_contain(hash) {
+        if self.use_bloom.load(Ordering::Relaxed) && !self.index.bloom.may_contain(hash) {
             return Ok(None);
         }
         let Some(mut bi) = self.index.find_block(key) else {

@@ -62,7 +62,7 @@ pub enum Reserve {
     User,
     /// Delete-only batches: may use part of it (they free space).
     Delete,
-    /// GC relocation: may use all of it.
+    /// GC relocation: may use all of it but one segment.
     Internal,
 }
 
@@ -187,7 +187,7 @@ impl ValueLog {
         };
         {
             let mut inner = log.inner.lock();
-            let (seg, gen) = log.allocate(Reserve::Internal)?;
+            let (seg, gen) = log.flash.allocate(SEGMENT_KIND_LOG)?;
             log.start_segment(&mut inner, seg, gen);
         }
         Ok(log)
@@ -198,7 +198,8 @@ impl ValueLog {
             Reserve::User => self.reserved_segments,
             // Deletes make room, but leave GC a log and a keytable segment.
             Reserve::Delete => 1 + self.reserved_segments / 2,
-            Reserve::Internal => 0,
+            // Leave the last segment for the flush that completes GC.
+            Reserve::Internal => 1,
         };
         if self.flash.free_segments() <= keep {
             return Err(Error::NoSpace);
@@ -381,10 +382,14 @@ impl ValueLog {
         if let Some(f) = &inner.failed {
             return Err(Error::Stopped(f.clone()));
         }
-        let total: u64 = recs
+        // Room the batch needs: its records plus, at every page boundary it
+        // crosses, a page tail too short for a header that gets skipped.
+        let raw: u64 = recs
             .iter()
-            .map(|r| (HEADER_LEN + r.key.len() + r.value.len() + self.page) as u64)
+            .map(|r| (HEADER_LEN + r.key.len() + r.value.len()) as u64)
             .sum();
+        let skips = raw / (self.page - HEADER_LEN) as u64 + 1;
+        let total = raw + skips * HEADER_LEN as u64;
         let pos = inner.buf_offset + inner.buf_len as u64;
         if pos + total > self.usable_end() {
             let fresh = self.usable_end() - self.page as u64; // after the header page

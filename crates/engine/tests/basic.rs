@@ -103,3 +103,52 @@ fn batches_are_atomic_and_visible_together() {
     assert_eq!(db.get(b"x").expect("get"), None);
     assert_eq!(db.get(b"y").expect("get").as_deref(), Some(&b"2"[..]));
 }
+
+#[test]
+fn dram_budget_keeps_index_then_cache_then_filters() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let opts = small_opts();
+    let db = open(&dev, &opts);
+    for i in 0..1500u32 {
+        db.put(&key(i), &value_for(i, 1, 64)).expect("put");
+    }
+    db.maintenance().expect("maintenance");
+    let roomy = db.stats();
+    assert!(
+        roomy.dram_bloom_bytes > 0 && roomy.dram_index_bytes > 0,
+        "{roomy:?}"
+    );
+    drop(db);
+    // A budget that holds the level index only: filters go, the cache gets nothing.
+    let mut tight = opts.clone();
+    tight.dram_budget = roomy.dram_index_bytes as usize + 1024;
+    let db = open(&dev, &tight);
+    for i in (0..1500u32).step_by(13) {
+        assert_eq!(
+            db.get(&key(i)).expect("get").as_deref(),
+            Some(&value_for(i, 1, 64)[..])
+        );
+    }
+    let s = db.stats();
+    assert_eq!(s.dram_bloom_bytes, 0, "{s:?}");
+    assert!(s.dram_cache_bytes <= 1024, "{s:?}");
+    assert!(
+        s.device_reads_per_get > 1.0,
+        "uncached keytables are read from the device: {s:?}"
+    );
+}
+
+#[test]
+fn large_batches_of_small_records_fit() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    // Far more records than the segment has pages.
+    let ops: Vec<BatchOp> = (0..600u32)
+        .map(|i| BatchOp::Put(key(i).into(), bytes::Bytes::from(value_for(i, 3, 8))))
+        .collect();
+    db.write_batch(&ops).expect("batch of small records");
+    assert_eq!(
+        db.get(&key(599)).expect("get").as_deref(),
+        Some(&value_for(599, 3, 8)[..])
+    );
+}

@@ -5,9 +5,10 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use common::*;
-use engine::flash::LossMode;
+use engine::flash::{Device, FileDevice, LossMode};
 use engine::{BatchOp, Db, Snapshot};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -59,11 +60,11 @@ fn check_scan(db: &Db, snap: Option<&Snapshot>, model: &Model, rng: &mut SmallRn
     );
 }
 
-fn run(seed: u64, ops: usize) {
+fn run(seed: u64, ops: usize, device: &dyn Fn() -> Arc<dyn Device>) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let dev = nand(24, LossMode::AllUnsynced);
     let opts = small_opts();
-    let mut db = open(&dev, &opts);
+    let open = || Db::open(device(), opts.clone()).expect("open");
+    let mut db = open();
     let mut model = Model::new();
     let mut snaps: Vec<(Snapshot, Model)> = Vec::new();
     let keys = 400u32;
@@ -149,7 +150,7 @@ fn run(seed: u64, ops: usize) {
                 totals.0 += db.stats().compactions;
                 totals.1 += db.stats().gc_segments_reclaimed;
                 drop(db);
-                db = open(&dev, &opts);
+                db = open();
             }
         }
     }
@@ -172,8 +173,21 @@ fn run(seed: u64, ops: usize) {
 }
 
 #[test]
-fn model_seeds() {
+fn model_seeds_on_emulated_nand() {
     for seed in 0..16 {
-        run(seed, 4000);
+        let dev = nand(24, LossMode::AllUnsynced);
+        run(seed, 4000, &|| dev.clone() as Arc<dyn Device>);
+    }
+}
+
+#[test]
+fn model_seeds_on_file_device() {
+    for seed in 100..104 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("dev");
+        // Every reopen opens the file afresh (the previous handle is closed).
+        run(seed, 3000, &|| {
+            FileDevice::open(&path, Some(24 << 20), 4096).expect("file device") as Arc<dyn Device>
+        });
     }
 }

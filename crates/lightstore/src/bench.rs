@@ -27,9 +27,13 @@ pub struct BenchArgs {
     /// Value size in bytes.
     #[arg(long, default_value_t = 8192)]
     value_size: usize,
-    /// Number of keys, and of operations.
+    /// Number of keys (the key space).
     #[arg(long, default_value_t = 100_000)]
     num: u64,
+    /// Number of operations (default: --num). E.g. 2x --num with r-set
+    /// overwrites the key space twice.
+    #[arg(long)]
+    ops: Option<u64>,
     /// Client threads (each has one request in flight: threads = queue depth).
     #[arg(long, default_value_t = 1)]
     threads: u64,
@@ -80,6 +84,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 pub struct Report {
     workload: Workload,
     num: u64,
+    ops: u64,
     threads: u64,
     key_size: usize,
     value_size: usize,
@@ -155,7 +160,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
 
     let before = db.stats();
-    let (elapsed, hist, not_found) = drive(&db, &args, progress(args.num, "run", args.json))?;
+    let ops = args.ops.unwrap_or(args.num);
+    let (elapsed, hist, not_found) = drive(&db, &args, progress(ops, "run", args.json))?;
     db.sync().map_err(|e| e.to_string())?;
     let after = db.stats();
     let report = make_report(&args, direct_io, elapsed, &hist, not_found, &before, &after);
@@ -178,6 +184,7 @@ impl BenchArgs {
             key_size: self.key_size,
             value_size: self.value_size,
             num: self.num,
+            ops: None,
             threads: self.threads,
             durability: self.durability.clone(),
             path: self.path.clone(),
@@ -208,7 +215,10 @@ fn drive(
                     let values = Values::new(args.value_size, args.seed ^ t);
                     let mut key = Vec::new();
                     let mut done = 0u64;
-                    for op in OpStream::new(args.workload, args.num, args.threads, t, args.seed) {
+                    let ops = args.ops.unwrap_or(args.num);
+                    let stream =
+                        OpStream::new(args.workload, args.num, ops, args.threads, t, args.seed);
+                    for op in stream {
                         let t0 = Instant::now();
                         match op {
                             Op::Get(i) => {
@@ -281,14 +291,18 @@ fn make_report(
     Report {
         workload: args.workload,
         num: args.num,
+        ops: args.ops.unwrap_or(args.num),
         threads: args.threads,
         key_size: args.key_size,
         value_size: args.value_size,
         durability: args.durability.clone(),
         direct_io,
         seconds: secs,
-        ops_per_sec: args.num as f64 / secs,
-        mb_per_sec: (args.num * (args.key_size + args.value_size) as u64) as f64 / secs / 1e6,
+        ops_per_sec: args.ops.unwrap_or(args.num) as f64 / secs,
+        mb_per_sec: (args.ops.unwrap_or(args.num) * (args.key_size + args.value_size) as u64)
+            as f64
+            / secs
+            / 1e6,
         p50_us: hist.value_at_quantile(0.50),
         p99_us: hist.value_at_quantile(0.99),
         p999_us: hist.value_at_quantile(0.999),
@@ -314,8 +328,8 @@ fn make_report(
 
 fn print_report(r: &Report) {
     println!(
-        "{:?}: {} ops, {} threads, {} B keys, {} B values, durability {}, direct I/O {}",
-        r.workload, r.num, r.threads, r.key_size, r.value_size, r.durability, r.direct_io
+        "{:?}: {} ops on {} keys, {} threads, {} B keys, {} B values, durability {}, direct I/O {}",
+        r.workload, r.ops, r.num, r.threads, r.key_size, r.value_size, r.durability, r.direct_io
     );
     println!(
         "  throughput      {:>12.0} ops/s  {:>9.1} MB/s  ({:.2} s)",

@@ -47,11 +47,11 @@ pub struct OpStream {
 }
 
 impl OpStream {
-    /// The stream for thread `t`.
-    pub fn new(workload: Workload, num: u64, threads: u64, t: u64, seed: u64) -> Self {
-        let per = num / threads;
+    /// The stream for thread `t`: its share of `ops` operations on `num` keys.
+    pub fn new(workload: Workload, num: u64, ops: u64, threads: u64, t: u64, seed: u64) -> Self {
+        let per = ops / threads;
         let start = per * t;
-        let end = if t + 1 == threads { num } else { start + per };
+        let end = if t + 1 == threads { ops } else { start + per };
         OpStream {
             workload,
             next: start,
@@ -68,7 +68,7 @@ impl Iterator for OpStream {
         if self.next >= self.end {
             return None;
         }
-        let i = self.next;
+        let i = self.next % self.num;
         self.next += 1;
         let random = self.rng.gen_range(0..self.num);
         Some(match self.workload {
@@ -145,10 +145,10 @@ mod tests {
     #[test]
     fn streams_split_the_work() {
         let total: usize = (0..3)
-            .map(|t| OpStream::new(Workload::SSet, 100, 3, t, 1).count())
+            .map(|t| OpStream::new(Workload::SSet, 100, 100, 3, t, 1).count())
             .sum();
         assert_eq!(total, 100);
-        let mixed: Vec<Op> = OpStream::new(Workload::RMixed, 10_000, 1, 0, 1).collect();
+        let mixed: Vec<Op> = OpStream::new(Workload::RMixed, 10_000, 10_000, 1, 0, 1).collect();
         let sets = mixed.iter().filter(|o| matches!(o, Op::Set(_))).count();
         assert!((800..1200).contains(&sets), "about 10% sets: {sets}");
     }
