@@ -42,7 +42,9 @@ pub struct Options {
     pub durability: Durability,
     /// Largest accepted key, bytes (at most 8 KiB).
     pub max_key_size: usize,
-    /// Largest accepted value, bytes (clamped to what fits in a segment).
+    /// Largest accepted value, bytes. Default 64 MiB; clamped to what fits in
+    /// one value-log segment (segments are 128 MiB on devices of 2 GiB and
+    /// more, smaller on smaller devices).
     pub max_value_size: usize,
     /// Key bytes (plus per-entry overhead) the L0 memtable holds before it is flushed.
     pub memtable_bytes: usize,
@@ -67,7 +69,7 @@ pub struct Options {
     /// Size of one log write chunk (written as one device I/O), bytes.
     pub log_chunk_bytes: usize,
     /// Segment size in pages used when formatting a blank device (`None`:
-    /// 64 MiB, smaller on small devices so there are at least 64 segments).
+    /// 128 MiB, smaller on small devices so there are at least 16 segments).
     pub format_segment_pages: Option<u32>,
     /// Run background work (flush, compaction, GC) on a thread. Tests may turn
     /// it off and call `Db::maintenance` themselves for determinism.

@@ -32,13 +32,14 @@ use crate::vlog::{max_record_len, LogPosition, SegMeta, ValueLog};
 fn format_options(device: &dyn Device, opts: &Options) -> FormatOptions {
     let page = u64::from(device.page_size());
     let pages = opts.format_segment_pages.unwrap_or_else(|| {
-        // 64 MiB segments, fewer pages on small devices (>= 64 segments).
-        let per = device.capacity() / page / 64;
-        let mut p = 8192u32;
-        while u64::from(p) > per && p > 16 {
+        // 128 MiB segments (room for 64 MiB values), smaller on small
+        // devices so there are at least 16 segments.
+        let per = device.capacity() / page / 16;
+        let mut p = (128u64 << 20) / page;
+        while p > per && p > 16 {
             p /= 2;
         }
-        p
+        p as u32
     });
     FormatOptions {
         pages_per_segment: pages,

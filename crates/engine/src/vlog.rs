@@ -16,6 +16,7 @@
 //! - A batch never spans segments, so it is all-or-nothing after a crash.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -82,6 +83,7 @@ pub struct LogRecord<'a> {
 
 struct Chunk {
     seg: SegmentId,
+    epoch: u64,
     offset: u64,
     data: AlignedBuf,
     len: usize,
@@ -126,6 +128,9 @@ pub struct ValueLog {
     segs: RwLock<BTreeMap<SegmentId, SegMeta>>,
     /// Written chunk buffers kept for reuse.
     free_bufs: Mutex<Vec<AlignedBuf>>,
+    /// Every segment with a smaller epoch is entirely on the device, so
+    /// reads of it skip the in-memory chunks (and their lock).
+    on_device_below: AtomicU64,
     /// Set when a chunk is sealed; the write-behind thread waits on it.
     flusher_work: Mutex<bool>,
     flusher_cv: Condvar,
@@ -182,6 +187,7 @@ impl ValueLog {
             synced: Condvar::new(),
             segs: RwLock::new(segs),
             free_bufs: Mutex::new(Vec::new()),
+            on_device_below: AtomicU64::new(0),
             flusher_work: Mutex::new(false),
             flusher_cv: Condvar::new(),
         };
@@ -227,6 +233,12 @@ impl ValueLog {
         );
         let v = record::link_value(seg, epoch);
         self.put_record(inner, record::KIND_SEGMENT_HEADER, 0, 0, &[], &v);
+        self.refresh_on_device(inner);
+    }
+
+    fn refresh_on_device(&self, inner: &Inner) {
+        let oldest = inner.pending.front().map_or(inner.epoch, |c| c.epoch);
+        self.on_device_below.store(oldest, Ordering::Release);
     }
 
     /// The position where the next record will go.
@@ -344,6 +356,7 @@ impl ValueLog {
         let data = std::mem::replace(&mut inner.buf, fresh);
         inner.pending.push_back(Arc::new(Chunk {
             seg: inner.seg,
+            epoch: inner.epoch,
             offset: inner.buf_offset,
             data,
             len,
@@ -469,7 +482,11 @@ impl ValueLog {
                 self.inner.lock().failed = Some(msg);
                 return Err(e.into());
             }
-            self.inner.lock().pending.pop_front();
+            {
+                let mut inner = self.inner.lock();
+                inner.pending.pop_front();
+                self.refresh_on_device(&inner);
+            }
             {
                 let mut s = self.sync.lock();
                 s.written_lsn = s.written_lsn.max(chunk.end_lsn);
@@ -556,28 +573,23 @@ impl ValueLog {
     /// Reads and verifies the PUT record at `ptr`, returning its value and
     /// whether the device was read. `key` and `seq` must match the record.
     pub fn read_value(&self, ptr: ValuePtr, key: &[u8], seq: SeqNo) -> Result<(Bytes, bool)> {
-        let (raw, from_device) = self.read_record_bytes(ptr)?;
-        let raw = (raw, 0usize);
         let epoch = self.epoch_of(ptr)?;
-        let rec =
-            record::decode(&raw.0[raw.1..raw.1 + ptr.len as usize], epoch).map_err(
-                |e| match e {
-                    record::DecodeError::Checksum { expected, got } => Error::ChecksumMismatch {
-                        what: "value record",
-                        expected,
-                        got,
-                    },
-                    other => Error::Corrupt(format!("value record at {ptr:?}: {other:?}")),
-                },
-            )?;
+        let (raw, from_device) = self.read_record_bytes(ptr, epoch)?;
+        let rec = record::decode(&raw, epoch).map_err(|e| match e {
+            record::DecodeError::Checksum { expected, got } => Error::ChecksumMismatch {
+                what: "value record",
+                expected,
+                got,
+            },
+            other => Error::Corrupt(format!("value record at {ptr:?}: {other:?}")),
+        })?;
         if rec.header.kind != record::KIND_PUT || rec.key != key || rec.header.seq != seq {
             return Err(Error::Corrupt(format!(
                 "value record at {ptr:?} does not belong to the key (seq {seq})"
             )));
         }
         let (start, len) = (HEADER_LEN + key.len(), rec.value.len());
-        let buf = Bytes::from(raw.0);
-        Ok((buf.slice(start..start + len), from_device))
+        Ok((Bytes::from(raw).slice(start..start + len), from_device))
     }
 
     fn epoch_of(&self, ptr: ValuePtr) -> Result<u64> {
@@ -591,13 +603,16 @@ impl ValueLog {
 
     /// Returns exactly the record's bytes and whether the device was read:
     /// from the in-memory chunks if they still hold it, else one device read.
-    fn read_record_bytes(&self, ptr: ValuePtr) -> Result<(Vec<u8>, bool)> {
+    fn read_record_bytes(&self, ptr: ValuePtr, epoch: u64) -> Result<(Vec<u8>, bool)> {
         let start = u64::from(ptr.offset);
         let end = start + u64::from(ptr.len);
         if end > self.seg_bytes {
             return Err(Error::Corrupt(format!(
                 "value pointer {ptr:?} out of range"
             )));
+        }
+        if epoch < self.on_device_below.load(Ordering::Acquire) {
+            return Ok((self.read_device(ptr.seg, start, end)?, true));
         }
         {
             let inner = self.inner.lock();

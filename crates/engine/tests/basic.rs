@@ -152,3 +152,35 @@ fn large_batches_of_small_records_fit() {
         Some(&value_for(599, 3, 8)[..])
     );
 }
+
+#[test]
+fn values_of_64_mib_on_a_file_device() {
+    use engine::flash::{Device, FileDevice};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("dev");
+    let open_file = || {
+        let dev = FileDevice::open(&path, Some(4 << 30), 8192).expect("device");
+        engine::Db::open(
+            dev as std::sync::Arc<dyn Device>,
+            engine::Options::default(),
+        )
+        .expect("open")
+    };
+    let db = open_file();
+    assert!(
+        db.max_value_size() >= 64 << 20,
+        "limit {}",
+        db.max_value_size()
+    );
+    let big = value_for(1, 1, 64 << 20);
+    db.put(b"big", &big).expect("64 MiB value");
+    db.put(b"small", b"x").expect("put");
+    assert!(db.get(b"big").expect("get").as_deref() == Some(&big[..]));
+    db.close().expect("close");
+    let db = open_file();
+    assert!(db.get(b"big").expect("get after reopen").as_deref() == Some(&big[..]));
+    assert!(matches!(
+        db.put(b"bigger", &vec![0u8; (64 << 20) + 1]),
+        Err(Error::ValueTooLarge { .. })
+    ));
+}
