@@ -409,36 +409,46 @@ impl DbInner {
             || sv.mem.log_bytes() >= self.opts.memtable_log_bytes
     }
 
-    /// Smooth backpressure: while a frozen memtable is still being flushed
-    /// and the active one fills, writers are delayed a little more the fuller
-    /// it gets; only far past the limit do they wait for the flush.
+    /// How far behind flushing is: the active memtable's fill (by keys or
+    /// by log bytes), plus one half while a frozen one is still being
+    /// written. 1.0 is where writers start to be slowed down.
+    fn flush_debt(&self) -> f64 {
+        let sv = self.sv.read();
+        let by_keys = sv.mem.bytes() as f64 / self.opts.memtable_bytes as f64;
+        let by_log = sv.mem.log_bytes() as f64 / self.opts.memtable_log_bytes as f64;
+        by_keys.max(by_log) + if sv.imm.is_some() { 0.5 } else { 0.0 }
+    }
+
+    /// Smooth backpressure: when flushing falls behind (maintenance busy with
+    /// a compaction, or a frozen memtable still being written), each write is
+    /// delayed a little, more the further behind it is (up to 1.5 ms); only
+    /// far past the limit do writers wait for the flush. Short of free space,
+    /// writes also yield some time to GC.
     fn throttle(&self) {
-        let (fill, imm) = {
-            let sv = self.sv.read();
-            let by_keys = sv.mem.bytes() as f64 / self.opts.memtable_bytes as f64;
-            let by_log = sv.mem.log_bytes() as f64 / self.opts.memtable_log_bytes as f64;
-            (by_keys.max(by_log), sv.imm.is_some())
-        };
         if !self.opts.background {
             return;
         }
-        // Free space running out: give GC time, a little per write.
         if self.free_hint.load(Ordering::Relaxed) <= self.opts.reserved_segments + 2 {
             self.wake();
             std::thread::sleep(Duration::from_micros(500));
             Counters::add(&self.counters.write_throttle_micros, 500);
         }
-        if !imm || fill < 0.5 {
+        let debt = self.flush_debt();
+        if debt < 1.0 {
             return;
         }
-        if fill < 2.0 {
-            let micros = ((fill - 0.5) * 1000.0) as u64;
+        self.wake();
+        if debt < 2.5 {
+            let micros = ((debt - 1.0) * 1000.0) as u64;
             std::thread::sleep(Duration::from_micros(micros));
             Counters::add(&self.counters.write_throttle_micros, micros);
             return;
         }
         let mut w = self.wake.lock();
-        while self.sv.read().imm.is_some() && !self.shutdown.load(Ordering::Acquire) {
+        while self.flush_debt() >= 2.5 && !self.shutdown.load(Ordering::Acquire) {
+            if self.bg_error.lock().is_some() {
+                return;
+            }
             self.flushed_cv.wait_for(&mut w, Duration::from_millis(10));
             Counters::add(&self.counters.write_throttle_micros, 10_000);
         }

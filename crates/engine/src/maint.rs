@@ -143,18 +143,7 @@ impl DbInner {
             levels[0].splice(range, out);
             released = dropped;
         }
-        {
-            let mut sv = self.sv.write();
-            let next = SuperVersion {
-                mem: sv.mem.clone(),
-                imm: None,
-                version: Arc::new(Version {
-                    levels: levels.clone(),
-                }),
-            };
-            *sv = Arc::new(next);
-        }
-        self.apply_dram_budget();
+        self.install(levels, true);
         for ptr in released {
             self.vlog.release_value(ptr);
         }
@@ -233,16 +222,7 @@ impl DbInner {
         while levels.last().is_some_and(|l| l.is_empty()) && levels.len() > 1 {
             levels.pop();
         }
-        {
-            let mut sv = self.sv.write();
-            let next = SuperVersion {
-                mem: sv.mem.clone(),
-                imm: sv.imm.clone(),
-                version: Arc::new(Version { levels }),
-            };
-            *sv = Arc::new(next);
-        }
-        self.apply_dram_budget();
+        self.install(levels, false);
         for ptr in released {
             self.vlog.release_value(ptr);
         }
@@ -250,6 +230,21 @@ impl DbInner {
         Counters::add(&self.counters.compactions, 1);
         self.checkpoint(st)?;
         Ok(true)
+    }
+
+    /// Makes `levels` the current version (dropping the frozen memtable when
+    /// `flushed`) and re-splits the DRAM budget over it.
+    fn install(&self, levels: Vec<Vec<Arc<Keytable>>>, flushed: bool) {
+        {
+            let mut sv = self.sv.write();
+            let next = SuperVersion {
+                mem: sv.mem.clone(),
+                imm: if flushed { None } else { sv.imm.clone() },
+                version: Arc::new(Version { levels }),
+            };
+            *sv = Arc::new(next);
+        }
+        self.apply_dram_budget();
     }
 
     /// Splits the DRAM budget in PinK's order: the level index always stays;
@@ -443,16 +438,7 @@ impl DbInner {
                 moved.push(std::mem::replace(slot, copy));
             }
         }
-        {
-            let mut sv = self.sv.write();
-            let next = SuperVersion {
-                mem: sv.mem.clone(),
-                imm: sv.imm.clone(),
-                version: Arc::new(Version { levels }),
-            };
-            *sv = Arc::new(next);
-        }
-        self.apply_dram_budget();
+        self.install(levels, false);
         for old in &moved {
             old.moved.store(true, Ordering::Release);
         }

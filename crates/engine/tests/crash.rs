@@ -103,6 +103,15 @@ fn matching_prefix(base: &Model, ops: &[Op], state: &Model, min: usize) -> Optio
     found
 }
 
+/// The whole store as a map (a scan of everything).
+fn read_state(db: &Db, seed: u64, cycle: usize) -> Model {
+    db.scan(b"", b"", usize::MAX)
+        .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: scan failed: {e}"))
+        .into_iter()
+        .map(|(k, v)| (k.to_vec(), v.to_vec()))
+        .collect()
+}
+
 fn crash_cycles(seed: u64, cycles: usize) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let loss = if seed.is_multiple_of(2) {
@@ -126,12 +135,7 @@ fn crash_cycles(seed: u64, cycles: usize) {
             Ok(db) => db,
             Err(e) => panic!("seed {seed} cycle {cycle}: open after crash failed: {e}"),
         };
-        let state: Model = db
-            .scan(b"", b"", usize::MAX)
-            .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: scan failed: {e}"))
-            .into_iter()
-            .map(|(k, v)| (k.to_vec(), v.to_vec()))
-            .collect();
+        let state = read_state(&db, seed, cycle);
         assert!(
             state == base,
             "seed {seed} cycle {cycle}: state after recovery differs from the verified state"
@@ -168,12 +172,7 @@ fn crash_cycles(seed: u64, cycles: usize) {
         // Recover and find which prefix survived.
         let db = Db::open(dev.clone(), Options::small_for_tests())
             .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: open after crash failed: {e}"));
-        let state: Model = db
-            .scan(b"", b"", usize::MAX)
-            .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: scan after crash failed: {e}"))
-            .into_iter()
-            .map(|(k, v)| (k.to_vec(), v.to_vec()))
-            .collect();
+        let state = read_state(&db, seed, cycle);
         let min = if sync { acked } else { 0 };
         let Some(p) = matching_prefix(&base, &ops, &state, min) else {
             panic!(
