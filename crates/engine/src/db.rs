@@ -194,7 +194,7 @@ impl Db {
     /// Values of several keys, all at one sequence number.
     pub fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
         let seq = self.inner.visible_seq.load(Ordering::Acquire);
-        keys.iter().map(|k| self.inner.get_at(k, seq)).collect()
+        self.inner.multi_get_at(keys, seq)
     }
 
     /// Up to `limit` pairs with `start <= key < end` (`end` empty = no bound),
@@ -491,6 +491,33 @@ impl DbInner {
         Counters::add(&self.counters.get_device_reads, block_reads);
         Counters::add(&self.counters.gets, 1);
         Ok(result)
+    }
+
+    /// Looks all keys up, then reads their values in one parallel batch.
+    pub(crate) fn multi_get_at(&self, keys: &[&[u8]], seq: SeqNo) -> Result<Vec<Option<Bytes>>> {
+        let before = self.ctx.block_reads.load(Ordering::Relaxed);
+        let mut found = Vec::new(); // (key index, entry)
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(e) = self.lookup(key, seq)? {
+                if e.kind == Kind::Put {
+                    found.push((i, e));
+                }
+            }
+        }
+        let reqs: Vec<_> = found
+            .iter()
+            .map(|(i, e)| (e.ptr, keys[*i], e.seq))
+            .collect();
+        let values = self.vlog.read_values(&reqs)?;
+        let mut out = vec![None; keys.len()];
+        let mut device_reads = self.ctx.block_reads.load(Ordering::Relaxed) - before;
+        for ((i, _), (v, from_device)) in found.iter().zip(values) {
+            device_reads += u64::from(from_device);
+            out[*i] = Some(v);
+        }
+        Counters::add(&self.counters.get_device_reads, device_reads);
+        Counters::add(&self.counters.gets, keys.len() as u64);
+        Ok(out)
     }
 
     pub(crate) fn scan_at(

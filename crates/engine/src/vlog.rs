@@ -575,6 +575,59 @@ impl ValueLog {
     pub fn read_value(&self, ptr: ValuePtr, key: &[u8], seq: SeqNo) -> Result<(Bytes, bool)> {
         let epoch = self.epoch_of(ptr)?;
         let (raw, from_device) = self.read_record_bytes(ptr, epoch)?;
+        Ok((Self::value_of(raw, ptr, epoch, key, seq)?, from_device))
+    }
+
+    /// Reads several values; those on the device are read in parallel (one
+    /// batch of device reads). Returns each value and whether the device
+    /// was read, in request order.
+    pub fn read_values(&self, reqs: &[(ValuePtr, &[u8], SeqNo)]) -> Result<Vec<(Bytes, bool)>> {
+        let mut out: Vec<Option<(Bytes, bool)>> = vec![None; reqs.len()];
+        let mut device: Vec<(usize, u64, u64, u64)> = Vec::new(); // (i, epoch, start, end)
+        for (i, (ptr, key, seq)) in reqs.iter().enumerate() {
+            let epoch = self.epoch_of(*ptr)?;
+            if epoch < self.on_device_below.load(Ordering::Acquire) {
+                let start = u64::from(ptr.offset);
+                device.push((i, epoch, start, start + u64::from(ptr.len)));
+            } else {
+                out[i] = Some(self.read_value(*ptr, key, *seq)?);
+            }
+        }
+        if device.len() == 1 {
+            let (i, _, _, _) = device[0];
+            let (ptr, key, seq) = reqs[i];
+            out[i] = Some(self.read_value(ptr, key, seq)?);
+        } else if !device.is_empty() {
+            let align = READ_ALIGN as u64;
+            let mut bufs: Vec<AlignedBuf> = device
+                .iter()
+                .map(|&(_, _, s, e)| {
+                    AlignedBuf::new_zeroed((e.div_ceil(align) * align - s / align * align) as usize)
+                })
+                .collect();
+            {
+                let mut batch: Vec<(SegmentId, u64, &mut [u8])> = device
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(&(i, _, s, e), b)| {
+                        let (a, z) = (s / align * align, e.div_ceil(align) * align);
+                        (reqs[i].0.seg, a, &mut b[..(z - a) as usize])
+                    })
+                    .collect();
+                self.flash.read_many(&mut batch)?;
+            }
+            for (&(i, epoch, s, e), buf) in device.iter().zip(bufs) {
+                let at = (s - s / align * align) as usize;
+                let raw = buf[at..at + (e - s) as usize].to_vec();
+                let (ptr, key, seq) = reqs[i];
+                out[i] = Some((Self::value_of(raw, ptr, epoch, key, seq)?, true));
+            }
+        }
+        Ok(out.into_iter().map(|v| v.unwrap_or_default()).collect())
+    }
+
+    /// Verifies the record bytes read for `ptr` and returns its value.
+    fn value_of(raw: Vec<u8>, ptr: ValuePtr, epoch: u64, key: &[u8], seq: SeqNo) -> Result<Bytes> {
         let rec = record::decode(&raw, epoch).map_err(|e| match e {
             record::DecodeError::Checksum { expected, got } => Error::ChecksumMismatch {
                 what: "value record",
@@ -589,7 +642,7 @@ impl ValueLog {
             )));
         }
         let (start, len) = (HEADER_LEN + key.len(), rec.value.len());
-        Ok((Bytes::from(raw).slice(start..start + len), from_device))
+        Ok(Bytes::from(raw).slice(start..start + len))
     }
 
     fn epoch_of(&self, ptr: ValuePtr) -> Result<u64> {

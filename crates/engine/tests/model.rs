@@ -110,7 +110,20 @@ fn run(seed: u64, ops: usize, device: &dyn Fn() -> Arc<dyn Device>) {
                 }
                 db.write_batch(&ops).expect("batch");
             }
-            58..=77 => {
+            58..=62 => {
+                let ks: Vec<Vec<u8>> = (0..rng.gen_range(1..9))
+                    .map(|_| key(rng.gen_range(0..keys)))
+                    .collect();
+                let refs: Vec<&[u8]> = ks.iter().map(|k| &k[..]).collect();
+                let got = db.multi_get(&refs).expect("multi_get");
+                for (k, v) in ks.iter().zip(got) {
+                    assert!(
+                        v.as_deref() == model.get(k).map(|v| &v[..]),
+                        "seed {seed} step {step} multi_get"
+                    );
+                }
+            }
+            63..=77 => {
                 let k = key(rng.gen_range(0..keys));
                 let got = db.get(&k).expect("get").map(|v| v.to_vec());
                 assert!(
