@@ -84,15 +84,16 @@ impl DbInner {
         Ok(cleaned)
     }
 
-    /// Re-inserts the live values of `seg`. Returns false (and changes
-    /// nothing) if a live snapshot still needs an older version stored in it:
-    /// re-inserting an old version above newer ones would hide them, so such
-    /// segments wait until the snapshot is released.
+    /// Re-inserts the live values of `seg` as it reads them (so memory stays
+    /// bounded by one record). Returns false if a live snapshot still needs
+    /// an older version stored in it: re-inserting an old version above
+    /// newer ones would hide them, so such a segment waits until the snapshot
+    /// is released (the latest versions already re-inserted are harmless
+    /// duplicates that shadow their originals).
     fn gc_segment(&self, seg: SegmentId, meta: &SegMeta) -> Result<bool> {
         let page = self.vlog.page_size() as u64;
         let mut reader = SegmentReader::new(&self.flash, seg);
         let snapshots = self.snapshot_seqs();
-        let mut live_records: Vec<(Vec<u8>, Vec<u8>, SeqNo)> = Vec::new();
         let mut off = 0u64;
         let corrupt = |off: u64, what: &str| {
             Error::Corrupt(format!("value segment {seg}: record at {off}: {what}"))
@@ -119,11 +120,10 @@ impl DbInner {
                     };
                     match self.liveness(rec.key, rec.header.seq, ptr, &snapshots)? {
                         Liveness::Dead => {}
-                        Liveness::Latest => live_records.push((
-                            rec.key.to_vec(),
-                            rec.value.to_vec(),
-                            rec.header.seq,
-                        )),
+                        Liveness::Latest => {
+                            self.relocate(rec.key, rec.value, rec.header.seq)?;
+                            Counters::add(&self.counters.gc_bytes_relocated, len as u64);
+                        }
                         Liveness::PinnedBySnapshot => {
                             Counters::add(&self.counters.gc_bytes_scanned, reader.bytes_read);
                             return Ok(false);
@@ -135,13 +135,6 @@ impl DbInner {
             off += len as u64;
         }
         Counters::add(&self.counters.gc_bytes_scanned, reader.bytes_read);
-        for (key, value, seq) in live_records {
-            self.relocate(&key, &value, seq)?;
-            Counters::add(
-                &self.counters.gc_bytes_relocated,
-                (HEADER_LEN + key.len() + value.len()) as u64,
-            );
-        }
         Ok(true)
     }
 
