@@ -57,27 +57,8 @@ pub struct BenchArgs {
     seed: u64,
 }
 
-/// Parses sizes like `4096`, `64K`, `512M`, `8G`, `1T`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(format!("unknown size suffix in {s:?}")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("bad size {s:?}"))
-}
+/// Sizes like `4096`, `64K`, `512M`, `8G` (shared with `lightstore node`).
+pub use server::parse_size;
 
 /// What one run measured.
 #[derive(Serialize, Debug)]

@@ -1,10 +1,12 @@
-//! `lightstore` — the LightStore command-line tool. Subcommands: `bench`
-//! (the paper's workloads against the engine in-process). The node server,
-//! cluster and adapter subcommands come with their issues.
+//! `lightstore` — the LightStore command-line tool. Subcommands: `node`
+//! (the node server: one device served over RESP) and `bench` (the paper's
+//! workloads against the engine in-process). Cluster and adapter
+//! subcommands come with their issues.
 
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod node;
 mod workload;
 
 #[derive(Parser)]
@@ -20,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a node: own one device and serve it over RESP (redis-cli works).
+    Node(node::NodeArgs),
     /// Run a key-value workload against the engine in-process.
     Bench(bench::BenchArgs),
 }
@@ -34,7 +38,8 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench(args) => bench::run(args),
+        Command::Node(args) => node::run(args),
+        Command::Bench(args) => bench::run(args).map_err(Into::into),
     };
     if let Err(e) = result {
         eprintln!("lightstore: {e}");

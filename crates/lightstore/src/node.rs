@@ -1,0 +1,81 @@
+//! `lightstore node`: command-line flags for the node server, layered over
+//! an optional TOML config file.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use server::Config;
+
+use crate::bench::parse_size;
+
+/// Flags of `lightstore node`; each overrides the config file.
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// TOML config file (keys as in `server::Config`: data_dir, listen, ...).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Data directory (default data/lightstore); the device file is `lightstore.dev` in it.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// TCP address to listen on (default 127.0.0.1:7379).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Also listen on this Unix socket.
+    #[arg(long)]
+    unix: Option<PathBuf>,
+    /// sync, interval, interval:MS or none (default interval).
+    #[arg(long)]
+    durability: Option<String>,
+    /// Keytable cache size, e.g. 512M.
+    #[arg(long, value_parser = parse_size)]
+    cache_size: Option<u64>,
+    /// Password clients must give (AUTH / HELLO ... AUTH).
+    #[arg(long)]
+    requirepass: Option<String>,
+    /// Device file size for a new store, e.g. 8G (sparse).
+    #[arg(long, value_parser = parse_size)]
+    capacity: Option<u64>,
+    /// Most simultaneous clients (default 10000).
+    #[arg(long)]
+    maxclients: Option<usize>,
+    /// Executor threads running engine calls (default 16).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// Builds the configuration and runs the node until it stops.
+pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut c = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(v) = args.data {
+        c.data_dir = v;
+    }
+    if let Some(v) = args.listen {
+        c.listen = v;
+    }
+    if let Some(v) = args.unix {
+        c.unix_socket = Some(v);
+    }
+    if let Some(v) = args.durability {
+        c.durability = v;
+    }
+    if let Some(v) = args.cache_size {
+        c.cache_size = Some(server::config::Size(v));
+    }
+    if let Some(v) = args.requirepass {
+        c.requirepass = Some(v);
+    }
+    if let Some(v) = args.capacity {
+        c.capacity = server::config::Size(v);
+    }
+    if let Some(v) = args.maxclients {
+        c.maxclients = v;
+    }
+    if let Some(v) = args.threads {
+        c.threads = v;
+    }
+    server::run(c)?;
+    Ok(())
+}

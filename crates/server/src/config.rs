@@ -1,0 +1,204 @@
+//! Node configuration: defaults, a TOML file, and overrides from the
+//! command line (applied by the caller to the loaded `Config`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// A configuration problem.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for `Config`.
+    #[error("invalid config file {}: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A setting has an invalid value.
+    #[error("invalid setting {name}: {message}")]
+    Invalid {
+        /// Setting name.
+        name: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A byte size written as a number or a string like `"512M"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SizeRepr")]
+pub struct Size(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Number(u64),
+    Text(String),
+}
+
+impl TryFrom<SizeRepr> for Size {
+    type Error = String;
+    fn try_from(r: SizeRepr) -> Result<Self, String> {
+        match r {
+            SizeRepr::Number(n) => Ok(Size(n)),
+            SizeRepr::Text(s) => crate::size::parse_size(&s).map(Size),
+        }
+    }
+}
+
+/// Everything a node needs to start. Field names are the TOML keys.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Data directory; the device file `lightstore.dev` lives inside it.
+    pub data_dir: PathBuf,
+    /// Device file size for a new store (sparse).
+    pub capacity: Size,
+    /// TCP address to listen on.
+    pub listen: String,
+    /// Optional Unix socket path to listen on as well.
+    pub unix_socket: Option<PathBuf>,
+    /// `sync`, `interval`, `interval:MS` or `none`.
+    pub durability: String,
+    /// Keytable cache size (engine default when unset).
+    pub cache_size: Option<Size>,
+    /// Password every client must give with AUTH or HELLO.
+    pub requirepass: Option<String>,
+    /// Most simultaneous client connections.
+    pub maxclients: usize,
+    /// Longest bulk string (default: the engine's value limit + 1 KiB, at most 512 MiB).
+    pub max_bulk: Option<Size>,
+    /// Most arguments in one request.
+    pub max_args: usize,
+    /// Longest inline command line.
+    pub max_inline: Size,
+    /// Executor threads running engine calls.
+    pub threads: usize,
+}
+
+/// Name of the device file inside the data directory.
+pub const DEVICE_FILE: &str = "lightstore.dev";
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("data/lightstore"),
+            capacity: Size(8 << 30),
+            listen: "127.0.0.1:7379".into(),
+            unix_socket: None,
+            durability: "interval".into(),
+            cache_size: None,
+            requirepass: None,
+            maxclients: 10_000,
+            max_bulk: None,
+            max_args: 1 << 20,
+            max_inline: Size(64 << 10),
+            threads: 16,
+        }
+    }
+}
+
+impl Config {
+    /// Loads a TOML file; missing keys keep their defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Path of the device file.
+    pub fn device_path(&self) -> PathBuf {
+        self.data_dir.join(DEVICE_FILE)
+    }
+
+    /// The durability setting, parsed.
+    pub fn durability(&self) -> Result<engine::Durability, ConfigError> {
+        self.durability
+            .parse()
+            .map_err(|message| ConfigError::Invalid {
+                name: "durability",
+                message,
+            })
+    }
+
+    /// Checks values that cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.durability()?;
+        let bad = |name, message: &str| {
+            Err(ConfigError::Invalid {
+                name,
+                message: message.into(),
+            })
+        };
+        if self.threads == 0 || self.threads > 1024 {
+            return bad("threads", "must be 1..=1024");
+        }
+        if self.maxclients == 0 {
+            return bad("maxclients", "must be at least 1");
+        }
+        if self.max_args == 0 {
+            return bad("max_args", "must be at least 1");
+        }
+        if self.capacity.0 < (64 << 20) {
+            return bad("capacity", "must be at least 64M");
+        }
+        if self.requirepass.as_deref() == Some("") {
+            return bad("requirepass", "must not be empty");
+        }
+        Ok(())
+    }
+
+    /// Longest accepted bulk string given the engine's value limit.
+    pub fn max_bulk_for(&self, max_value: usize) -> usize {
+        match self.max_bulk {
+            Some(Size(n)) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => (max_value + 1024).min(512 << 20),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_with_sizes_and_defaults() {
+        let c = Config::from_toml(
+            "data_dir = \"/tmp/x\"\ncapacity = \"1G\"\ncache_size = 1048576\nthreads = 4\n",
+        )
+        .unwrap();
+        assert_eq!(c.capacity, Size(1 << 30));
+        assert_eq!(c.cache_size, Some(Size(1 << 20)));
+        assert_eq!(c.threads, 4);
+        assert_eq!(c.listen, "127.0.0.1:7379");
+        assert!(c.validate().is_ok());
+        assert!(Config::from_toml("bogus = 1").is_err());
+        assert!(Config::from_toml("capacity = \"1Q\"").is_err());
+        let c = Config {
+            durability: "sometimes".into(),
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

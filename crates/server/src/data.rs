@@ -1,0 +1,276 @@
+//! Engine commands, run on the executor pool: SET, GET, MSET, MGET, DEL,
+//! EXISTS, STRLEN, GETRANGE, SCAN, RANGE, DBSIZE (and INFO via `info`).
+
+use bytes::Bytes;
+use engine::BatchOp;
+use protocol::Reply;
+
+use crate::cmd::errors::{self, int};
+use crate::cmd::Cmd;
+use crate::glob::glob_match;
+use crate::state::NodeState;
+
+/// Default and largest COUNT of one SCAN call (values are read with the keys).
+const SCAN_DEFAULT_COUNT: usize = 10;
+const SCAN_MAX_COUNT: usize = 1000;
+/// Default and largest LIMIT of one RANGE call.
+const RANGE_DEFAULT_LIMIT: usize = 1000;
+const RANGE_MAX_LIMIT: usize = 100_000;
+/// DBSIZE counts keys exactly up to this many, then reports this bound.
+pub const DBSIZE_CAP: usize = 10_000;
+/// Keys read per engine scan while counting.
+const DBSIZE_CHUNK: usize = 32;
+
+/// Runs one engine command. `args[0]` is the command name; the arity was checked.
+pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
+    let result = match cmd {
+        Cmd::Set => set(state, args),
+        Cmd::Get => state
+            .db
+            .get(&args[1])
+            .map(|v| v.map_or(Reply::Null, Reply::Bulk)),
+        Cmd::Mset => mset(state, args),
+        Cmd::Mget => {
+            let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
+            state.db.multi_get(&keys).map(|vals| {
+                Reply::Array(
+                    vals.into_iter()
+                        .map(|v| v.map_or(Reply::Null, Reply::Bulk))
+                        .collect(),
+                )
+            })
+        }
+        Cmd::Del => del(state, args),
+        Cmd::Exists => {
+            let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
+            state
+                .db
+                .multi_get(&keys)
+                .map(|vals| Reply::Integer(vals.iter().filter(|v| v.is_some()).count() as i64))
+        }
+        Cmd::Strlen => state
+            .db
+            .get(&args[1])
+            .map(|v| Reply::Integer(v.map_or(0, |v| v.len() as i64))),
+        Cmd::Getrange => getrange(state, args),
+        Cmd::Scan => scan(state, args),
+        Cmd::Range => range(state, args),
+        Cmd::Dbsize => dbsize(state).map(|n| Reply::Integer(n as i64)),
+        Cmd::Info => Ok(crate::info::info(state, args)),
+        _ => Ok(errors::unknown_command(args)),
+    };
+    result.unwrap_or_else(|e| errors::engine(&e))
+}
+
+/// SET key value [NX|XX] [GET] [KEEPTTL].
+fn set(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let (key, value) = (&args[1], &args[2]);
+    let (mut nx, mut xx, mut get) = (false, false, false);
+    for opt in &args[3..] {
+        match opt.to_ascii_uppercase().as_slice() {
+            b"NX" => nx = true,
+            b"XX" => xx = true,
+            b"GET" => get = true,
+            b"KEEPTTL" => {}
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" => return Ok(errors::refused(b"SET EX/PX")),
+            _ => return Ok(errors::syntax()),
+        }
+    }
+    if nx && xx {
+        return Ok(errors::syntax());
+    }
+    if !(nx || xx || get) {
+        let _shared = state.write_order.read();
+        state.db.put(key, value)?;
+        return Ok(Reply::ok());
+    }
+    let _exclusive = state.write_order.write();
+    let old = state.db.get(key)?;
+    let write = (!nx || old.is_none()) && (!xx || old.is_some());
+    if write {
+        state.db.put(key, value)?;
+    }
+    Ok(match (get, write) {
+        (true, _) => old.map_or(Reply::Null, Reply::Bulk),
+        (false, true) => Reply::ok(),
+        (false, false) => Reply::Null,
+    })
+}
+
+/// MSET k v [k v ...]: one atomic batch.
+fn mset(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    if args.len().is_multiple_of(2) {
+        return Ok(errors::wrong_args("mset"));
+    }
+    let ops: Vec<BatchOp> = args[1..]
+        .chunks_exact(2)
+        .map(|kv| BatchOp::Put(kv[0].clone(), kv[1].clone()))
+        .collect();
+    let _shared = state.write_order.read();
+    state.db.write_batch(&ops)?;
+    Ok(Reply::ok())
+}
+
+/// DEL k...: deletes atomically, replies how many distinct keys existed.
+fn del(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let mut keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let _exclusive = state.write_order.write();
+    let vals = state.db.multi_get(&keys)?;
+    let ops: Vec<BatchOp> = keys
+        .iter()
+        .zip(&vals)
+        .filter(|(_, v)| v.is_some())
+        .map(|(k, _)| BatchOp::Delete(Bytes::copy_from_slice(k)))
+        .collect();
+    if !ops.is_empty() {
+        state.db.write_batch(&ops)?;
+    }
+    Ok(Reply::Integer(ops.len() as i64))
+}
+
+/// The byte range `[from, to)` GETRANGE returns for a value of `len` bytes,
+/// with Redis's rules for negative and out-of-range indexes.
+pub fn getrange_bounds(len: usize, start: i64, end: i64) -> Option<(usize, usize)> {
+    let len = i64::try_from(len).ok()?;
+    if len == 0 || (start < 0 && end < 0 && start > end) {
+        return None;
+    }
+    let s = if start < 0 { len + start } else { start }.max(0);
+    let e = if end < 0 { len + end } else { end }.max(0).min(len - 1);
+    if s > e {
+        return None;
+    }
+    Some((usize::try_from(s).ok()?, usize::try_from(e + 1).ok()?))
+}
+
+/// GETRANGE key start end.
+fn getrange(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let (Some(start), Some(end)) = (int(&args[2]), int(&args[3])) else {
+        return Ok(errors::not_integer());
+    };
+    let v = state.db.get(&args[1])?.unwrap_or_default();
+    Ok(match getrange_bounds(v.len(), start, end) {
+        Some((a, b)) => Reply::Bulk(v.slice(a..b)),
+        None => Reply::Bulk(Bytes::new()),
+    })
+}
+
+/// SCAN cursor [MATCH pattern] [COUNT n] [TYPE string].
+fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let Some(cursor) = std::str::from_utf8(&args[1])
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return Ok(Reply::err("invalid cursor"));
+    };
+    let mut pattern: Option<&[u8]> = None;
+    let mut count = SCAN_DEFAULT_COUNT;
+    let mut type_ok = true;
+    let mut opts = args[2..].chunks(2);
+    for pair in opts.by_ref() {
+        let [name, val] = pair else {
+            return Ok(errors::syntax());
+        };
+        match name.to_ascii_uppercase().as_slice() {
+            b"MATCH" => pattern = Some(val),
+            b"COUNT" => match int(val) {
+                Some(n) if n >= 1 => count = usize::try_from(n).unwrap_or(usize::MAX),
+                _ => return Ok(errors::not_integer()),
+            },
+            b"TYPE" => type_ok = val.eq_ignore_ascii_case(b"string"),
+            _ => return Ok(errors::syntax()),
+        }
+    }
+    let start = if cursor == 0 {
+        Bytes::new()
+    } else {
+        match state.cursors.lock().get(cursor) {
+            Some(k) => k,
+            None => return Ok(Reply::err("invalid or expired cursor")),
+        }
+    };
+    let count = count.min(SCAN_MAX_COUNT);
+    let pairs = state.db.scan(&start, b"", count)?;
+    let next = match pairs.last() {
+        Some((last, _)) if pairs.len() == count => {
+            let mut k = last.to_vec();
+            k.push(0);
+            state.cursors.lock().insert(Bytes::from(k))
+        }
+        _ => 0,
+    };
+    let keys = pairs
+        .into_iter()
+        .filter(|(k, _)| type_ok && pattern.is_none_or(|p| glob_match(p, k)))
+        .map(|(k, _)| Reply::Bulk(k))
+        .collect();
+    Ok(Reply::Array(vec![
+        Reply::Bulk(Bytes::from(next.to_string())),
+        Reply::Array(keys),
+    ]))
+}
+
+/// RANGE start end [LIMIT n]: ordered pairs with start <= key < end (empty
+/// end = unbounded) as a flat array k1 v1 k2 v2 ...
+fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let mut limit = RANGE_DEFAULT_LIMIT;
+    match &args[3..] {
+        [] => {}
+        [opt, n] if opt.eq_ignore_ascii_case(b"LIMIT") => match int(n) {
+            Some(n) if n >= 0 => limit = usize::try_from(n).unwrap_or(usize::MAX),
+            _ => return Ok(errors::not_integer()),
+        },
+        _ => return Ok(errors::syntax()),
+    }
+    let pairs = state
+        .db
+        .scan(&args[1], &args[2], limit.min(RANGE_MAX_LIMIT))?;
+    let mut out = Vec::with_capacity(pairs.len() * 2);
+    for (k, v) in pairs {
+        out.push(Reply::Bulk(k));
+        out.push(Reply::Bulk(v));
+    }
+    Ok(Reply::Array(out))
+}
+
+/// Number of keys, exact up to [`DBSIZE_CAP`] (then the cap): the engine
+/// has no key count, so this scans the key space in small chunks.
+pub fn dbsize(state: &NodeState) -> engine::Result<usize> {
+    let mut n = 0;
+    let mut start = Vec::new();
+    while n < DBSIZE_CAP {
+        let chunk = state.db.scan(&start, b"", DBSIZE_CHUNK)?;
+        n += chunk.len();
+        match chunk.last() {
+            Some((k, _)) if chunk.len() == DBSIZE_CHUNK => {
+                start = k.to_vec();
+                start.push(0);
+            }
+            _ => break,
+        }
+    }
+    Ok(n.min(DBSIZE_CAP))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::getrange_bounds as b;
+
+    #[test]
+    fn getrange_index_math_matches_redis() {
+        // "Hello World" (11 bytes), examples from the Redis docs.
+        assert_eq!(b(11, 0, 3), Some((0, 4)));
+        assert_eq!(b(11, -3, -1), Some((8, 11)));
+        assert_eq!(b(11, 0, -1), Some((0, 11)));
+        assert_eq!(b(11, 10, 100), Some((10, 11)));
+        assert_eq!(b(11, -100, 2), Some((0, 3)));
+        assert_eq!(b(11, 5, 3), None);
+        assert_eq!(b(11, 11, 20), None);
+        assert_eq!(b(11, -1, -5), None);
+        assert_eq!(b(11, -100, -50), Some((0, 1)));
+        assert_eq!(b(0, 0, -1), None);
+        assert_eq!(b(3, i64::MIN, i64::MAX), Some((0, 3)));
+    }
+}

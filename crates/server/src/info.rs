@@ -1,0 +1,119 @@
+//! INFO: server, clients, stats, engine and keyspace sections as
+//! `name:value` lines (verbatim text in RESP3).
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use protocol::Reply;
+
+use crate::cmd::COMMANDS;
+use crate::state::NodeState;
+
+const SECTIONS: &[&str] = &["server", "clients", "stats", "engine", "keyspace"];
+
+/// INFO [section ...] (`all`, `everything` and `default` mean every section).
+pub fn info(state: &NodeState, args: &[Bytes]) -> Reply {
+    let wanted: Vec<String> = args[1..]
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+        .collect();
+    let all = wanted.is_empty()
+        || wanted
+            .iter()
+            .any(|w| matches!(w.as_str(), "all" | "everything" | "default"));
+    let mut out = String::new();
+    for section in SECTIONS {
+        if all || wanted.iter().any(|w| w == section) {
+            if !out.is_empty() {
+                out.push_str("\r\n");
+            }
+            render(state, section, &mut out);
+        }
+    }
+    Reply::Verbatim(out)
+}
+
+fn render(state: &NodeState, section: &str, out: &mut String) {
+    let c = &state.counters;
+    let _ = writeln!(out, "# {}\r", capitalize(section));
+    let mut line = |k: &str, v: &dyn std::fmt::Display| {
+        let _ = write!(out, "{k}:{v}\r\n");
+    };
+    match section {
+        "server" => {
+            line("lightstore_version", &env!("CARGO_PKG_VERSION"));
+            line("redis_mode", &"standalone");
+            line("process_id", &std::process::id());
+            line("tcp_port", &state.tcp_port);
+            line("uptime_in_seconds", &state.started.elapsed().as_secs());
+            line("io_threads", &1);
+            line("executor_threads", &state.config.threads);
+            line("durability", &state.config.durability);
+            line("data_dir", &state.config.data_dir.display());
+        }
+        "clients" => {
+            line("connected_clients", &c.clients.load(Ordering::Relaxed));
+            line("maxclients", &state.config.maxclients);
+        }
+        "stats" => {
+            let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            line("total_connections_received", &get(&c.connections_received));
+            line("total_commands_processed", &get(&c.commands));
+            line("rejected_connections", &get(&c.rejected_connections));
+            for ((_, name, _), calls) in COMMANDS.iter().zip(&c.calls) {
+                let n = get(calls);
+                if n > 0 {
+                    line(&format!("cmdstat_{name}"), &format!("calls={n}"));
+                }
+            }
+        }
+        "engine" => {
+            let s = state.db.stats();
+            line(
+                "write_amplification",
+                &format!("{:.3}", s.write_amplification),
+            );
+            line(
+                "device_reads_per_get",
+                &format!("{:.3}", s.device_reads_per_get),
+            );
+            line("user_bytes_written", &s.user_bytes_written);
+            line("device_bytes_written", &s.device_bytes_written);
+            line("dram_index_bytes", &s.dram_index_bytes);
+            line("dram_cache_bytes", &s.dram_cache_bytes);
+            line("dram_bloom_bytes", &s.dram_bloom_bytes);
+            line("dram_memtable_bytes", &s.dram_memtable_bytes);
+            line("dram_budget_bytes", &s.dram_budget_bytes);
+            line("memtable_entries", &s.memtable_entries);
+            line("flushes", &s.flushes);
+            line("compactions", &s.compactions);
+            line("gc_runs", &s.gc_runs);
+            line("gc_segments_reclaimed", &s.gc_segments_reclaimed);
+            line("gc_bytes_relocated", &s.gc_bytes_relocated);
+            line("garbage_ratio", &format!("{:.3}", s.garbage_ratio));
+            line("segments_free", &s.segments_free);
+            line("segments_total", &s.segments_total);
+            line("segments_log", &s.segments_log);
+            line("last_seq", &s.last_seq);
+        }
+        "keyspace" => match crate::data::dbsize(state) {
+            Ok(n) => line(
+                "db0",
+                &format!(
+                    "keys={n},expires=0,avg_ttl=0,approximate={}",
+                    u8::from(n >= crate::data::DBSIZE_CAP)
+                ),
+            ),
+            Err(e) => line("db0_error", &e),
+        },
+        _ => {}
+    }
+}
+
+fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+        .unwrap_or_default()
+}

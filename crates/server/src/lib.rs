@@ -1,0 +1,32 @@
+//! `server` — the LightStore node: one process that owns one device, runs
+//! the engine on it and serves it over RESP, so `redis-cli`, `redis-py` and
+//! `redis-benchmark` work unchanged.
+//!
+//! Thread model (LightStore paper §4.2): one tokio worker thread does all
+//! network I/O (accept, read, parse, encode, write); a fixed pool of executor
+//! threads, fed through a lock-free queue, runs the engine calls that block
+//! on device reads and group-commit syncs; the engine has its own background
+//! threads. A connection parses every complete request it has (pipelining),
+//! hands them to the pool as one job, writes all replies and only then reads
+//! again.
+#![deny(missing_docs)]
+
+mod cmd;
+pub mod config;
+mod conn;
+mod cursor;
+mod data;
+mod error;
+mod exec;
+mod glob;
+mod info;
+mod node;
+mod session;
+mod size;
+mod state;
+
+pub use config::{Config, ConfigError};
+pub use error::ServerError;
+pub use glob::glob_match;
+pub use node::run;
+pub use size::parse_size;

@@ -1,0 +1,234 @@
+//! Node lifecycle: open the device (taking its lock) and the engine, start
+//! the executor pool and the one-thread network runtime, listen on TCP (and
+//! optionally a Unix socket), stop on SIGINT/SIGTERM/SHUTDOWN, drain
+//! connections, and close the engine cleanly.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::flash::{FileDevice, FlashError, DEFAULT_PAGE_SIZE};
+use protocol::Limits;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::config::Config;
+use crate::error::ServerError;
+use crate::exec::Executor;
+use crate::state::NodeState;
+
+/// How long in-flight requests get to finish after a stop is requested.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens the engine on the configured device.
+fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
+    let dir = config.data_dir.clone();
+    std::fs::create_dir_all(&dir).map_err(|source| ServerError::DataDir {
+        dir: dir.clone(),
+        source,
+    })?;
+    let device = FileDevice::open(
+        &config.device_path(),
+        Some(config.capacity.0),
+        DEFAULT_PAGE_SIZE,
+    )
+    .map_err(|e| match e {
+        FlashError::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+            ServerError::Locked { dir: dir.clone() }
+        }
+        FlashError::Io(source) => ServerError::DataDir {
+            dir: dir.clone(),
+            source,
+        },
+        other => ServerError::Engine(other.into()),
+    })?;
+    let mut opts = engine::Options {
+        durability: config.durability()?,
+        ..engine::Options::default()
+    };
+    if let Some(cache) = config.cache_size {
+        opts.cache_bytes = usize::try_from(cache.0).unwrap_or(usize::MAX);
+        opts.dram_budget = opts
+            .dram_budget
+            .max(opts.cache_bytes.saturating_add(256 << 20));
+    }
+    Ok(engine::Db::open(device, opts)?)
+}
+
+/// Runs a node until it is told to stop; returns after the engine is closed.
+pub fn run(config: Config) -> Result<(), ServerError> {
+    config.validate()?;
+    let db = open_engine(&config)?;
+    let limits = Limits {
+        max_bulk: config.max_bulk_for(db.max_value_size()),
+        max_args: config.max_args,
+        max_inline: usize::try_from(config.max_inline.0).unwrap_or(usize::MAX),
+    };
+    let exec = Arc::new(Executor::start(config.threads).map_err(ServerError::Runtime)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("ls-net")
+        .enable_all()
+        .build()
+        .map_err(ServerError::Runtime)?;
+    let tcp = runtime.block_on(async {
+        TcpListener::bind(&config.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: config.listen.clone(),
+                source,
+            })
+    })?;
+    let addr = tcp.local_addr().map_err(ServerError::Runtime)?;
+    let unix = match &config.unix_socket {
+        Some(path) => {
+            if std::fs::symlink_metadata(path).is_ok() {
+                let _ = std::fs::remove_file(path);
+            }
+            let _guard = runtime.enter();
+            Some(
+                UnixListener::bind(path).map_err(|source| ServerError::Bind {
+                    addr: path.display().to_string(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
+    if !addr.ip().is_loopback() && config.requirepass.is_none() {
+        let msg = format!(
+            "listening on non-loopback address {addr} WITHOUT a password: anyone who can reach \
+             this port can read and overwrite all data (set --requirepass)"
+        );
+        tracing::warn!("{msg}");
+        eprintln!("WARNING: {msg}");
+    }
+    let state = Arc::new(NodeState::new(db, config.clone(), limits, addr.port()));
+    let unix_note = config
+        .unix_socket
+        .as_ref()
+        .map(|p| format!(" and {}", p.display()))
+        .unwrap_or_default();
+    eprintln!(
+        "lightstore node ready: listening on {addr}{unix_note} (data {})",
+        config.data_dir.display()
+    );
+    runtime.block_on(serve(state.clone(), exec.clone(), tcp, unix, addr));
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    exec.shutdown();
+    if let Some(path) = &config.unix_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    match Arc::try_unwrap(state) {
+        Ok(state) => state.db.close()?,
+        Err(state) => {
+            tracing::warn!("connections still hold the engine; syncing instead of closing");
+            state.db.sync()?;
+        }
+    }
+    tracing::info!("node stopped");
+    Ok(())
+}
+
+/// Accepts connections until a stop is requested, then drains them.
+async fn serve(
+    state: Arc<NodeState>,
+    exec: Arc<Executor>,
+    tcp: TcpListener,
+    unix: Option<UnixListener>,
+    addr: SocketAddr,
+) {
+    tokio::spawn(watch_signals(state.clone()));
+    let mut stop = state.shutdown.subscribe();
+    tracing::info!(%addr, "accepting connections");
+    loop {
+        tokio::select! {
+            r = tcp.accept() => match r {
+                Ok((s, _)) => {
+                    let _ = s.set_nodelay(true);
+                    admit(&state, &exec, s);
+                }
+                Err(e) => accept_failed(e).await,
+            },
+            r = accept_unix(unix.as_ref()) => match r {
+                Ok(s) => admit(&state, &exec, s),
+                Err(e) => accept_failed(e).await,
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    drop(tcp);
+    drop(unix);
+    tracing::info!("stopping: draining connections");
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    while state.counters.clients.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Accepts from the Unix listener, or never if there is none.
+async fn accept_unix(l: Option<&UnixListener>) -> std::io::Result<tokio::net::UnixStream> {
+    match l {
+        Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+/// Accept errors (e.g. out of descriptors) are logged and retried after a pause.
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!("accept failed: {e}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Starts serving a new connection, or refuses it when `maxclients` are connected.
+fn admit<S>(state: &Arc<NodeState>, exec: &Arc<Executor>, mut stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let c = &state.counters;
+    c.connections_received.fetch_add(1, Ordering::Relaxed);
+    if c.clients.load(Ordering::Acquire) >= state.config.maxclients {
+        c.rejected_connections.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let _ = stream
+                .write_all(b"-ERR max number of clients reached\r\n")
+                .await;
+            let _ = stream.shutdown().await;
+        });
+        return;
+    }
+    c.clients.fetch_add(1, Ordering::AcqRel);
+    let guard = ClientGuard(state.clone());
+    let (state, exec) = (state.clone(), exec.clone());
+    tokio::spawn(async move {
+        let _guard = guard;
+        crate::conn::serve(stream, state, exec).await;
+    });
+}
+
+/// Decrements the client count when a connection task ends (or is dropped).
+struct ClientGuard(Arc<NodeState>);
+
+impl Drop for ClientGuard {
+    fn drop(&mut self) {
+        self.0.counters.clients.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Requests a stop on SIGINT or SIGTERM.
+async fn watch_signals(state: Arc<NodeState>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = int.recv() => tracing::info!("SIGINT received"),
+            }
+            state.request_shutdown();
+        }
+        _ => tracing::warn!("cannot install signal handlers; use SHUTDOWN to stop"),
+    }
+}

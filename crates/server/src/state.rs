@@ -1,0 +1,91 @@
+//! State shared by the network thread and the executor pool: the engine,
+//! settings, the write-ordering lock, SCAN cursors and counters.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use protocol::Limits;
+
+use crate::cmd::COMMANDS;
+use crate::config::Config;
+use crate::cursor::CursorTable;
+
+/// Counters reported by INFO.
+pub struct Counters {
+    /// Connections accepted since start.
+    pub connections_received: AtomicU64,
+    /// Connections refused by `maxclients`.
+    pub rejected_connections: AtomicU64,
+    /// Connections open now.
+    pub clients: AtomicUsize,
+    /// Requests processed.
+    pub commands: AtomicU64,
+    /// Calls per entry of [`COMMANDS`].
+    pub calls: Vec<AtomicU64>,
+}
+
+impl Counters {
+    fn new() -> Self {
+        Counters {
+            connections_received: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            clients: AtomicUsize::new(0),
+            commands: AtomicU64::new(0),
+            calls: COMMANDS.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Adds one to `c`.
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Everything connections and executor jobs share.
+pub struct NodeState {
+    /// The engine.
+    pub db: engine::Db,
+    /// Settings the node was started with.
+    pub config: Config,
+    /// Parser limits for every connection.
+    pub limits: Limits,
+    /// Read-modify-write commands (SET with NX/XX/GET, DEL) take this
+    /// exclusively, blind writes shared, so conditional writes are atomic.
+    pub write_order: RwLock<()>,
+    /// SCAN cursor ids to the next start key.
+    pub cursors: Mutex<CursorTable>,
+    /// INFO counters.
+    pub counters: Counters,
+    /// Source of client ids.
+    pub next_client_id: AtomicU64,
+    /// When the node started.
+    pub started: Instant,
+    /// Set to true to stop the node (signals, SHUTDOWN).
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// Address actually bound (for INFO).
+    pub tcp_port: u16,
+}
+
+impl NodeState {
+    /// State around an open engine.
+    pub fn new(db: engine::Db, config: Config, limits: Limits, tcp_port: u16) -> Self {
+        NodeState {
+            db,
+            config,
+            limits,
+            write_order: RwLock::new(()),
+            cursors: Mutex::new(CursorTable::new(crate::cursor::MAX_CURSORS)),
+            counters: Counters::new(),
+            next_client_id: AtomicU64::new(1),
+            started: Instant::now(),
+            shutdown: tokio::sync::watch::channel(false).0,
+            tcp_port,
+        }
+    }
+
+    /// Asks the node to stop.
+    pub fn request_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+}
