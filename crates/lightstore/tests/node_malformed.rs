@@ -1,0 +1,160 @@
+//! Malformed and hostile RESP streams over raw TCP: the node answers
+//! `-ERR Protocol error` (or an ordinary error) and closes, never panics,
+//! and keeps serving other connections.
+
+mod node_support;
+
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use node_support::{call, Node, Resp};
+
+/// Sends `input`, then reads until the node closes the connection (or 10 s).
+fn send_and_drain(n: &Node, input: &[u8]) -> String {
+    let mut s = n.connect();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(input);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A second connection still works.
+fn still_serving(n: &Node) {
+    let mut c = BufReader::new(n.connect());
+    assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
+    assert_eq!(
+        call(&mut c, &[b"SET", b"k", b"v"]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(call(&mut c, &[b"GET", b"k"]), Resp::Bulk(b"v".to_vec()));
+}
+
+#[test]
+fn protocol_errors_close_only_that_connection() {
+    let n = Node::start(&[]);
+    for (input, want) in [
+        (&b"*-5\r\n*1\r\n$4\r\nPING\r\nQUIT\r\n"[..], "+PONG"), // *-N: empty request
+        (b"*1\r\n$-3\r\n", "-ERR Protocol error: invalid bulk length"),
+        (b"*99999999999\r\n", "-ERR Protocol error"),
+        (b"*1\r\n$99999999999\r\n", "-ERR Protocol error"),
+        (b"*x\r\n", "-ERR Protocol error: invalid multibulk length"),
+        (b"*2\r\n:1\r\n", "-ERR Protocol error: expected '$'"),
+        (b"*1\r\n$4\r\nPINGxx\r\n", "-ERR Protocol error"),
+        (
+            b"set \"unbalanced\r\n",
+            "-ERR Protocol error: unbalanced quotes",
+        ),
+    ] {
+        let got = send_and_drain(&n, input);
+        assert!(
+            got.starts_with(want),
+            "{:?}: got {got:?}",
+            String::from_utf8_lossy(input)
+        );
+        still_serving(&n);
+    }
+}
+
+#[test]
+fn garbage_and_truncated_frames() {
+    let n = Node::start(&[]);
+    // Truncated frames: the client goes away mid-request.
+    for input in [
+        &b"*3\r\n$3\r\nSET\r\n$1\r\nk"[..],
+        b"*2\r\n$3\r\nGET",
+        b"$",
+        b"*",
+    ] {
+        let mut s = n.connect();
+        s.write_all(input).unwrap();
+        drop(s);
+    }
+    // Random garbage, including bytes that look like RESP type markers.
+    let mut seed = 0x2545f4914f6cdd1du64;
+    for _ in 0..20 {
+        let garbage: Vec<u8> = (0..4096)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 24) as u8
+            })
+            .collect();
+        let mut s = n.connect();
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let _ = s.write_all(&garbage);
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf);
+    }
+    // An inline line longer than the limit (64 KiB).
+    let long = vec![b'a'; 100 << 10];
+    let got = send_and_drain(&n, &long);
+    assert!(got.starts_with("-ERR Protocol error"), "{got:?}");
+    still_serving(&n);
+}
+
+#[test]
+fn hundred_thousand_argument_request() {
+    let n = Node::start(&[]);
+    let mut req = b"*100000\r\n".to_vec();
+    for _ in 0..100_000 {
+        req.extend_from_slice(b"$1\r\nx\r\n");
+    }
+    let mut s = BufReader::new(n.connect());
+    s.get_mut().write_all(&req).unwrap();
+    let r = node_support::read_reply(&mut s).expect("a reply");
+    assert!(
+        matches!(&r, Resp::Error(e) if e.starts_with("ERR unknown command 'x'")),
+        "{r:?}"
+    );
+    // A known command with a huge argument list works too.
+    let mut req = b"*50001\r\n$6\r\nEXISTS\r\n".to_vec();
+    for _ in 0..50_000 {
+        req.extend_from_slice(b"$1\r\nk\r\n");
+    }
+    s.get_mut().write_all(&req).unwrap();
+    assert_eq!(node_support::read_reply(&mut s).unwrap(), Resp::Int(0));
+    assert_eq!(
+        node_support::call(&mut s, &[b"PING"]),
+        Resp::Simple("PONG".into())
+    );
+    still_serving(&n);
+}
+
+#[test]
+fn many_clients_and_maxclients() {
+    let n = Node::start(&["--maxclients", "3"]);
+    let held: Vec<TcpStream> = (0..3).map(|_| n.connect()).collect();
+    // The accept of the third may race the check; a ping makes sure all are counted.
+    for s in &held {
+        let mut c = BufReader::new(s.try_clone().unwrap());
+        assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
+    }
+    let got = send_and_drain(&n, b"PING\r\n");
+    assert!(
+        got.starts_with("-ERR max number of clients reached"),
+        "{got:?}"
+    );
+    drop(held);
+    // Slots free up once the clients leave.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = send_and_drain_ping(&n);
+        if got.starts_with("+PONG") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{got:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn send_and_drain_ping(n: &Node) -> String {
+    let mut s = n.connect();
+    let _ = s.write_all(b"PING\r\nQUIT\r\n");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,167 @@
+//! `lightstore node` driven by the stock redis-cli: commands, SCAN,
+//! INFO, errors that leave the connection usable, `--pipe` pipelining,
+//! binary-safe data and a 16 MiB value.
+
+mod node_support;
+
+use std::io::BufReader;
+
+use node_support::{call, encode, Node, Resp};
+
+#[test]
+fn redis_cli_basic_commands() {
+    let n = Node::start(&[]);
+    assert_eq!(n.cli(&["set", "hello", "world"]), "OK");
+    assert_eq!(n.cli(&["get", "hello"]), "world");
+    assert_eq!(n.cli(&["get", "missing"]), "");
+    assert_eq!(n.cli(&["mset", "a", "1", "b", "2", "c", "3"]), "OK");
+    assert_eq!(n.cli(&["mget", "a", "missing", "c"]), "1\n\n3");
+    assert_eq!(n.cli(&["exists", "a", "b", "missing", "a"]), "3");
+    assert_eq!(n.cli(&["del", "a", "b", "missing", "a"]), "2");
+    assert_eq!(n.cli(&["exists", "a", "b", "c"]), "1");
+    assert_eq!(n.cli(&["strlen", "hello"]), "5");
+    assert_eq!(n.cli(&["strlen", "missing"]), "0");
+    assert_eq!(n.cli(&["getrange", "hello", "1", "3"]), "orl");
+    assert_eq!(n.cli(&["getrange", "hello", "-3", "-1"]), "rld");
+    assert_eq!(n.cli(&["getrange", "hello", "4", "2"]), "");
+    assert_eq!(n.cli(&["set", "hello", "x", "NX"]), "");
+    assert_eq!(n.cli(&["set", "hello", "there", "XX", "GET"]), "world");
+    assert_eq!(n.cli(&["get", "hello"]), "there");
+    assert_eq!(n.cli(&["set", "new", "v", "XX"]), "");
+    assert_eq!(n.cli(&["exists", "new"]), "0");
+    assert_eq!(n.cli(&["ping"]), "PONG");
+    assert_eq!(n.cli(&["echo", "hi there"]), "hi there");
+    assert_eq!(n.cli(&["select", "0"]), "OK");
+    assert!(n.cli(&["select", "1"]).contains("DB index is out of range"));
+    assert_eq!(n.cli(&["dbsize"]), "2");
+    assert_eq!(n.cli(&["range", "a", "z"]), "c\n3\nhello\nthere");
+    assert_eq!(n.cli(&["range", "d", ""]), "hello\nthere");
+    assert_eq!(n.cli(&["range", "", "", "LIMIT", "1"]), "c\n3");
+    assert!(n.cli(&["config", "get", "appendonly"]).contains("no"));
+    assert!(n.cli(&["info"]).contains("write_amplification:"));
+    let info = n.cli(&["info", "engine"]);
+    assert!(info.contains("device_reads_per_get:"), "{info}");
+    assert!(!info.contains("# Server"), "{info}");
+    assert!(n.cli(&["info", "keyspace"]).contains("db0:keys=2"));
+    assert!(n.cli(&["info", "stats"]).contains("cmdstat_set:calls="));
+    // HELLO 3 switches the protocol; the reply is a map.
+    let hello = n.cli(&["-3", "hello", "3"]);
+    assert!(
+        hello.contains("lightstore") && hello.contains("proto"),
+        "{hello}"
+    );
+}
+
+#[test]
+fn errors_keep_the_connection_usable() {
+    let n = Node::start(&[]);
+    let mut c = BufReader::new(n.connect());
+    let r = call(&mut c, &[b"FOO", b"bar"]);
+    assert!(
+        matches!(&r, Resp::Error(e) if e.starts_with("ERR unknown command 'FOO'")),
+        "{r:?}"
+    );
+    let r = call(&mut c, &[b"get"]);
+    assert_eq!(
+        r,
+        Resp::Error("ERR wrong number of arguments for 'get' command".into())
+    );
+    let r = call(&mut c, &[b"expire", b"k", b"10"]);
+    assert_eq!(
+        r,
+        Resp::Error(
+            "ERR LightStore stores plain keys and values: 'EXPIRE' is not supported".into()
+        )
+    );
+    let r = call(&mut c, &[b"set", b"", b"v"]);
+    assert!(matches!(r, Resp::Error(_)), "{r:?}");
+    assert_eq!(
+        call(&mut c, &[b"set", b"k", b"v"]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(call(&mut c, &[b"get", b"k"]), Resp::Bulk(b"v".to_vec()));
+    // The same through redis-cli: the error is printed, the next command works.
+    let out = n.cli_output(&["nosuchcommand"], None);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unknown command"));
+    assert_eq!(n.cli(&["get", "k"]), "v");
+}
+
+#[test]
+fn scan_with_pattern_finds_exactly_the_matching_keys() {
+    let n = Node::start(&[]);
+    let mut pipe = Vec::new();
+    for i in 0..300 {
+        pipe.extend(encode(&[b"SET", format!("user:{i}").as_bytes(), b"x"]));
+        pipe.extend(encode(&[b"SET", format!("item:{i}").as_bytes(), b"y"]));
+    }
+    let out = n.cli_output(&["--pipe"], Some(&pipe));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("errors: 0, replies: 600"));
+    let found = n.cli(&["--scan", "--pattern", "user:1?"]);
+    let mut keys: Vec<&str> = found.lines().collect();
+    keys.sort();
+    let mut want: Vec<String> = (10..20).map(|i| format!("user:{i}")).collect();
+    want.sort();
+    assert_eq!(keys, want);
+    let all = n.cli(&["--scan", "--pattern", "item:*"]);
+    assert_eq!(all.lines().count(), 300);
+    let everything = n.cli(&["--scan"]);
+    assert_eq!(everything.lines().count(), 600);
+    let bad = n.cli_output(&["scan", "123456789"], None);
+    assert!(String::from_utf8_lossy(&bad.stdout).contains("cursor"));
+}
+
+#[test]
+fn pipe_of_ten_thousand_sets() {
+    let n = Node::start(&[]);
+    let mut pipe = Vec::new();
+    for i in 0..10_000 {
+        pipe.extend(encode(&[
+            b"SET",
+            format!("key:{i}").as_bytes(),
+            format!("value:{i}").as_bytes(),
+        ]));
+    }
+    let out = n.cli_output(&["--pipe"], Some(&pipe));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("errors: 0, replies: 10000"), "{text}");
+    assert_eq!(n.cli(&["get", "key:9999"]), "value:9999");
+    assert_eq!(n.cli(&["get", "key:0"]), "value:0");
+    assert_eq!(n.cli(&["mget", "key:1", "key:5000"]), "value:1\nvalue:5000");
+}
+
+#[test]
+fn binary_safe_keys_and_values() {
+    let n = Node::start(&[]);
+    let value: Vec<u8> = (0..=255u8).chain(b"\r\n\0end".iter().copied()).collect();
+    // redis-cli -x takes the value from stdin, byte for byte.
+    let out = n.cli_output(&["-x", "set", "bin"], Some(&value));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
+    let mut c = BufReader::new(n.connect());
+    assert_eq!(call(&mut c, &[b"get", b"bin"]), Resp::Bulk(value.clone()));
+    let key = b"k\r\n\0\xff\x01";
+    assert_eq!(
+        call(&mut c, &[b"set", key, &value]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(call(&mut c, &[b"get", key]), Resp::Bulk(value.clone()));
+    assert_eq!(
+        call(&mut c, &[b"strlen", key]),
+        Resp::Int(value.len() as i64)
+    );
+}
+
+#[test]
+fn sixteen_mib_value_through_pipe() {
+    let n = Node::start(&[]);
+    let value: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+    let out = n.cli_output(&["--pipe"], Some(&encode(&[b"SET", b"big", &value])));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("errors: 0, replies: 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(n.cli(&["strlen", "big"]), (16u32 << 20).to_string());
+    let mut c = BufReader::new(n.connect());
+    assert_eq!(call(&mut c, &[b"get", b"big"]), Resp::Bulk(value));
+}

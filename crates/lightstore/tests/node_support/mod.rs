@@ -1,0 +1,228 @@
+//! Shared helpers of the `node_*` tests: start the real `lightstore node`
+//! binary on a free port and a temporary data directory, wait (bounded) for
+//! it to be ready, talk to it with redis-cli or raw RESP, and always kill it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a node may take to become ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running node; killed when dropped.
+pub struct Node {
+    pub child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+    /// Everything the node printed to stderr so far.
+    pub log: Arc<Mutex<Vec<String>>>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Node {
+    /// A node on a fresh temporary data directory.
+    pub fn start(extra: &[&str]) -> Node {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
+        let mut n = Node::start_in(&dir, extra).expect("node starts");
+        n._tmp = Some(tmp);
+        n
+    }
+
+    /// A node on `dir`; `Err(stderr)` if it exits before it is ready.
+    pub fn start_in(dir: &Path, extra: &[&str]) -> Result<Node, (Option<i32>, String)> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lightstore"))
+            .args(["node", "--listen", "127.0.0.1:0", "--capacity", "1G"])
+            .args(["--threads", "4", "--cache-size", "64M"])
+            .arg("--data")
+            .arg(dir)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn lightstore node");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("lightstore node ready: listening on ") {
+                    let port = rest
+                        .split_whitespace()
+                        .next()
+                        .and_then(|a| a.rsplit(':').next())
+                        .and_then(|p| p.parse::<u16>().ok());
+                    let _ = tx.send(port);
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(Some(port)) => {
+                    return Ok(Node {
+                        child,
+                        port,
+                        dir: dir.to_path_buf(),
+                        log,
+                        _tmp: None,
+                    })
+                }
+                Ok(None) => panic!("ready line without a port"),
+                Err(_) => {}
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                std::thread::sleep(Duration::from_millis(100));
+                let text = log.lock().unwrap().join("\n");
+                return Err((status.code(), text));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("node not ready within {READY_TIMEOUT:?}");
+            }
+        }
+    }
+
+    /// Runs redis-cli against this node; returns its output (any exit status).
+    pub fn cli_output(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-p", &self.port.to_string()]).args(args);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .expect("redis-cli is installed (apt-get install redis-tools)");
+        let mut input = child.stdin.take().expect("stdin");
+        let data = stdin.map(<[u8]>::to_vec).unwrap_or_default();
+        let writer = std::thread::spawn(move || {
+            let _ = input.write_all(&data);
+        });
+        let out = child.wait_with_output().expect("redis-cli runs");
+        let _ = writer.join();
+        out
+    }
+
+    /// Runs redis-cli, asserts success, returns trimmed stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = self.cli_output(args, None);
+        assert!(
+            out.status.success(),
+            "redis-cli {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+    }
+
+    /// A raw TCP connection to the node.
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok);
+    }
+
+    /// Waits up to `limit` for the node to exit; its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A RESP value read back from the node.
+#[derive(Debug, PartialEq)]
+pub enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    Nil,
+    Array(Vec<Resp>),
+}
+
+/// Encodes a request as a RESP array of bulk strings.
+pub fn encode(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+fn read_line(r: &mut impl BufRead) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line)?;
+    if line.is_empty() {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(String::from_utf8_lossy(&line).trim_end().to_string())
+}
+
+/// Reads one RESP2 reply.
+pub fn read_reply(r: &mut impl BufRead) -> std::io::Result<Resp> {
+    let line = read_line(r)?;
+    let (tag, rest) = line.split_at(1.min(line.len()));
+    let n = || rest.parse::<i64>().unwrap_or(-2);
+    Ok(match tag {
+        "+" => Resp::Simple(rest.into()),
+        "-" => Resp::Error(rest.into()),
+        ":" => Resp::Int(n()),
+        "$" if n() < 0 => Resp::Nil,
+        "$" => {
+            let mut b = vec![0; n() as usize + 2];
+            r.read_exact(&mut b)?;
+            b.truncate(b.len() - 2);
+            Resp::Bulk(b)
+        }
+        "*" => {
+            let mut items = Vec::new();
+            for _ in 0..n().max(0) {
+                items.push(read_reply(r)?);
+            }
+            Resp::Array(items)
+        }
+        _ => return Err(std::io::Error::other(format!("bad reply line {line:?}"))),
+    })
+}
+
+/// Sends one request and reads its reply.
+pub fn call(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> Resp {
+    conn.get_mut().write_all(&encode(args)).expect("write");
+    read_reply(conn).expect("reply")
+}
