@@ -1,0 +1,109 @@
+//! Node lifecycle: persistence across `kill -9` with sync durability, the
+//! data-directory lock, graceful stop on SIGTERM and SHUTDOWN (exit 0 and
+//! data kept), and `requirepass`.
+
+mod node_support;
+
+use std::io::BufReader;
+use std::time::Duration;
+
+use node_support::{call, encode, Node, Resp};
+
+#[test]
+fn sync_writes_survive_kill_9() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut n = Node::start_in(tmp.path(), &["--durability", "sync"]).expect("start");
+    let mut pipe = Vec::new();
+    for i in 0..500 {
+        pipe.extend(encode(&[
+            b"SET",
+            format!("p:{i:03}").as_bytes(),
+            format!("v{i}").as_bytes(),
+        ]));
+    }
+    let out = n.cli_output(&["--pipe"], Some(&pipe));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("errors: 0, replies: 500"));
+    n.child.kill().unwrap(); // SIGKILL: no clean shutdown
+    n.child.wait().unwrap();
+    drop(n);
+    let n = Node::start_in(tmp.path(), &[]).expect("restart");
+    let mut c = BufReader::new(n.connect());
+    for i in 0..500 {
+        assert_eq!(
+            call(&mut c, &[b"GET", format!("p:{i:03}").as_bytes()]),
+            Resp::Bulk(format!("v{i}").into_bytes()),
+            "key p:{i:03} lost"
+        );
+    }
+    let Resp::Array(all) = call(&mut c, &[b"RANGE", b"p:", b"p;", b"LIMIT", b"1000"]) else {
+        panic!("RANGE reply");
+    };
+    assert_eq!(all.len(), 1000);
+}
+
+#[test]
+fn second_node_on_the_same_directory_fails_with_a_lock_error() {
+    let first = Node::start(&[]);
+    let started = std::time::Instant::now();
+    let err = match Node::start_in(&first.dir, &[]) {
+        Ok(_) => panic!("a second node started on a locked data directory"),
+        Err(e) => e,
+    };
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(matches!(err.0, Some(c) if c != 0), "{err:?}");
+    assert!(err.1.contains("lock"), "{}", err.1);
+    // The first one is unaffected.
+    assert_eq!(first.cli(&["ping"]), "PONG");
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_keeps_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut n = Node::start_in(tmp.path(), &[]).expect("start");
+    assert_eq!(n.cli(&["set", "term", "kept"]), "OK");
+    n.terminate();
+    assert_eq!(n.wait_exit(Duration::from_secs(20)), Some(0));
+    drop(n);
+    let n = Node::start_in(tmp.path(), &[]).expect("restart");
+    assert_eq!(n.cli(&["get", "term"]), "kept");
+}
+
+#[test]
+fn shutdown_command_stops_cleanly_and_keeps_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut n = Node::start_in(tmp.path(), &[]).expect("start");
+    assert_eq!(n.cli(&["set", "shut", "kept"]), "OK");
+    let _ = n.cli_output(&["shutdown", "nosave"], None);
+    assert_eq!(n.wait_exit(Duration::from_secs(20)), Some(0));
+    let log = n.log.lock().unwrap().join("\n");
+    drop(n);
+    let n = Node::start_in(tmp.path(), &[]).unwrap_or_else(|e| panic!("restart: {e:?} {log}"));
+    assert_eq!(n.cli(&["get", "shut"]), "kept");
+}
+
+#[test]
+fn requirepass_gates_every_command() {
+    let n = Node::start(&["--requirepass", "s3cret"]);
+    let mut c = BufReader::new(n.connect());
+    let noauth = Resp::Error("NOAUTH Authentication required.".into());
+    assert_eq!(call(&mut c, &[b"GET", b"k"]), noauth);
+    assert_eq!(call(&mut c, &[b"PING"]), noauth);
+    assert!(
+        matches!(call(&mut c, &[b"AUTH", b"wrong"]), Resp::Error(e) if e.starts_with("WRONGPASS"))
+    );
+    assert!(matches!(call(&mut c, &[b"HELLO", b"3"]), Resp::Error(e) if e.starts_with("NOAUTH")));
+    assert_eq!(
+        call(&mut c, &[b"AUTH", b"s3cret"]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(
+        call(&mut c, &[b"SET", b"k", b"v"]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(
+        n.cli(&["-a", "s3cret", "--no-auth-warning", "get", "k"]),
+        "v"
+    );
+    let out = n.cli_output(&["get", "k"], None);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("NOAUTH"));
+}
