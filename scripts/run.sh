@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The main job, from a fresh Debian machine: builds LightStore and runs a
-# short benchmark of the engine on the default data directory (data/lightstore).
-# (Once the node server lands, this starts a node answering redis-cli.)
+# The main job, from a fresh Debian machine: builds LightStore and starts a
+# node in the foreground on the default data directory (data/lightstore),
+# listening on 127.0.0.1:7379. Talk to it with any Redis client:
+#   redis-cli -p 7379 set hello world
+#   redis-cli -p 7379 get hello
+# Ctrl-C stops it cleanly. Extra arguments go to `lightstore node`
+# (e.g. --listen 0.0.0.0:7379 --requirepass SECRET, --durability sync).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
@@ -14,6 +18,6 @@ if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release --locked -p lightstore
-for w in s-set r-get r-mixed; do
-  ./target/release/lightstore bench --workload "$w" --num "${NUM:-50000}" --path data/lightstore "$@"
-done
+echo "starting lightstore node on 127.0.0.1:7379 (data data/lightstore)"
+echo "talk to it with: redis-cli -p 7379 set hello world   (apt-get install redis-tools)"
+exec ./target/release/lightstore node --data data/lightstore "$@"

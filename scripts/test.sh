@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine: installs what it needs,
 # then checks formatting and lints and runs every test (unit, model, crash,
-# corruption, full-device, GC, and the end-to-end `lightstore bench` test).
+# corruption, full-device, GC, the end-to-end `lightstore bench` test, and
+# the `lightstore node` tests with redis-cli, redis-benchmark and redis-py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,12 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+command -v redis-cli >/dev/null || need_apt+=(redis-tools)
+command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
+command -v python3 >/dev/null || need_apt+=(python3)
+if ! python3 -c 'import redis' >/dev/null 2>&1; then
+  need_apt+=(python3-pip python3-venv)
+fi
 if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
   need_apt+=(cargo rustc rustfmt rust-clippy)
 fi
@@ -18,6 +25,18 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}"
 fi
 export PATH="$HOME/.cargo/bin:$PATH"
+
+# redis-py for tests/py/node_client.py: system-wide if pip allows it,
+# otherwise in a venv under target/ (the node tests read LIGHTSTORE_PYTHON).
+if ! python3 -c 'import redis' >/dev/null 2>&1; then
+  if target/pyenv/bin/python -c 'import redis' >/dev/null 2>&1; then
+    export LIGHTSTORE_PYTHON="$PWD/target/pyenv/bin/python"
+  elif ! python3 -m pip install -q 'redis>=5' 2>/dev/null; then
+    python3 -m venv target/pyenv
+    target/pyenv/bin/pip install -q 'redis>=5'
+    export LIGHTSTORE_PYTHON="$PWD/target/pyenv/bin/python"
+  fi
+fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 cargo fmt --all -- --check
