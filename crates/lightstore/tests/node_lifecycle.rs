@@ -107,3 +107,19 @@ fn requirepass_gates_every_command() {
     let out = n.cli_output(&["get", "k"], None);
     assert!(String::from_utf8_lossy(&out.stdout).contains("NOAUTH"));
 }
+
+#[test]
+fn unix_socket_serves_the_same_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("node.sock");
+    let data = tmp.path().join("data");
+    let n = Node::start_in(&data, &["--unix", sock.to_str().unwrap()]).expect("start");
+    assert_eq!(n.cli(&["set", "via", "tcp"]), "OK");
+    let out = std::process::Command::new("redis-cli")
+        .arg("-s")
+        .arg(&sock)
+        .args(["get", "via"])
+        .output()
+        .expect("redis-cli runs");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "tcp");
+}

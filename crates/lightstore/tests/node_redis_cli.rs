@@ -165,3 +165,33 @@ fn sixteen_mib_value_through_pipe() {
     let mut c = BufReader::new(n.connect());
     assert_eq!(call(&mut c, &[b"get", b"big"]), Resp::Bulk(value));
 }
+
+#[test]
+fn pipeline_keeps_reply_order_across_local_and_engine_commands() {
+    use std::io::{Read, Write};
+    let n = Node::start(&[]);
+    let mut s = n.connect();
+    let mut req = Vec::new();
+    for args in [
+        &[&b"SET"[..], b"a", b"1"][..],
+        &[b"PING"],
+        &[b"GET", b"a"],
+        &[b"ECHO", b"x"],
+        &[b"GET", b"missing"],
+        &[b"HELLO", b"3"],
+        &[b"GET", b"missing"],
+        &[b"QUIT"],
+        &[b"GET", b"a"], // after QUIT: not answered
+    ] {
+        req.extend(encode(args));
+    }
+    s.write_all(&req).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        text.starts_with("+OK\r\n+PONG\r\n$1\r\n1\r\n$1\r\nx\r\n$-1\r\n%7\r\n"),
+        "{text:?}"
+    );
+    assert!(text.ends_with("_\r\n+OK\r\n"), "{text:?}");
+}

@@ -7,7 +7,7 @@ use protocol::Reply;
 
 use crate::cmd::errors::{self, int};
 use crate::cmd::Cmd;
-use crate::glob::glob_match;
+use crate::glob::Glob;
 use crate::state::NodeState;
 
 /// Default and largest COUNT of one SCAN call (values are read with the keys).
@@ -165,7 +165,7 @@ fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     else {
         return Ok(Reply::err("invalid cursor"));
     };
-    let mut pattern: Option<&[u8]> = None;
+    let mut pattern: Option<Glob> = None;
     let mut count = SCAN_DEFAULT_COUNT;
     let mut type_ok = true;
     let mut opts = args[2..].chunks(2);
@@ -174,7 +174,7 @@ fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             return Ok(errors::syntax());
         };
         match name.to_ascii_uppercase().as_slice() {
-            b"MATCH" => pattern = Some(val),
+            b"MATCH" => pattern = Some(Glob::new(val)),
             b"COUNT" => match int(val) {
                 Some(n) if n >= 1 => count = usize::try_from(n).unwrap_or(usize::MAX),
                 _ => return Ok(errors::not_integer()),
@@ -203,7 +203,7 @@ fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     };
     let keys = pairs
         .into_iter()
-        .filter(|(k, _)| type_ok && pattern.is_none_or(|p| glob_match(p, k)))
+        .filter(|(k, _)| type_ok && pattern.as_ref().is_none_or(|p| p.matches(k)))
         .map(|(k, _)| Reply::Bulk(k))
         .collect();
     Ok(Reply::Array(vec![

@@ -74,9 +74,28 @@ fn tokenize(p: &[u8]) -> Vec<Token> {
     out
 }
 
+/// A compiled glob, for matching many strings against one pattern.
+#[derive(Debug)]
+pub struct Glob(Vec<Token>);
+
+impl Glob {
+    /// Compiles `pattern`.
+    pub fn new(pattern: &[u8]) -> Glob {
+        Glob(tokenize(pattern))
+    }
+
+    /// Whether `s` matches (case-sensitive).
+    pub fn matches(&self, s: &[u8]) -> bool {
+        matches_tokens(&self.0, s)
+    }
+}
+
 /// Whether `s` matches the Redis glob `pattern` (case-sensitive).
 pub fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
-    let toks = tokenize(pattern);
+    matches_tokens(&tokenize(pattern), s)
+}
+
+fn matches_tokens(toks: &[Token], s: &[u8]) -> bool {
     let (mut t, mut i) = (0usize, 0usize);
     // Position after the last star and the input index it was tried at.
     let mut backtrack: Option<(usize, usize)> = None;

@@ -27,6 +27,6 @@ mod state;
 
 pub use config::{Config, ConfigError};
 pub use error::ServerError;
-pub use glob::glob_match;
+pub use glob::{glob_match, Glob};
 pub use node::run;
 pub use size::parse_size;
