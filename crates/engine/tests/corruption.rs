@@ -89,8 +89,16 @@ fn flipped_value_bit_is_a_checksum_error() {
 
 #[test]
 fn flipped_keytable_bit_is_a_checksum_error() {
+    for cache_bytes in [0, 32 << 20] {
+        flipped_keytable_bit(cache_bytes);
+    }
+}
+
+/// With `cache_bytes` 0 blocks are read on demand; with a cache they are
+/// loaded at open, where a corrupt one must not make the store unusable.
+fn flipped_keytable_bit(cache_bytes: usize) {
     let mut opts = small_opts();
-    opts.cache_bytes = 0; // read keytable blocks from the device
+    opts.cache_bytes = cache_bytes;
     let dev = filled(&opts);
     // The key occurs in its log record and in a keytable block; corrupt both.
     for at in find(&dev, &key(77)) {
