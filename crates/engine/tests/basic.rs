@@ -8,9 +8,14 @@ use engine::{BatchOp, Error};
 
 #[test]
 fn put_get_delete_scan_across_flushes_and_reopen() {
-    let dev = nand(16, LossMode::AllUnsynced);
+    for dev in TestDevice::both(16) {
+        put_get_delete_scan(&dev);
+    }
+}
+
+fn put_get_delete_scan(dev: &TestDevice) {
     let opts = small_opts();
-    let db = open(&dev, &opts);
+    let db = dev.open(&opts);
     for i in 0..300u32 {
         db.put(&key(i), &value_for(i, 1, 100 + i as usize * 7))
             .expect("put");
@@ -36,7 +41,7 @@ fn put_get_delete_scan_across_flushes_and_reopen() {
     let r = db.scan(&key(3), b"", 2).expect("scan limit");
     assert_eq!(r.len(), 2);
     drop(db);
-    let db = open(&dev, &opts);
+    let db = dev.open(&opts);
     assert_eq!(db.get(&key(5)).expect("get"), None);
     assert_eq!(
         db.get(&key(299)).expect("get").as_deref(),
@@ -46,8 +51,13 @@ fn put_get_delete_scan_across_flushes_and_reopen() {
 
 #[test]
 fn snapshots_see_old_versions_through_compaction() {
-    let dev = nand(16, LossMode::AllUnsynced);
-    let db = open(&dev, &small_opts());
+    for dev in TestDevice::both(16) {
+        snapshots_see_old_versions(&dev);
+    }
+}
+
+fn snapshots_see_old_versions(dev: &TestDevice) {
+    let db = dev.open(&small_opts());
     db.put(b"a", b"1").expect("put");
     let snap = db.snapshot();
     db.put(b"a", b"2").expect("put");
@@ -72,9 +82,14 @@ fn snapshots_see_old_versions_through_compaction() {
 
 #[test]
 fn limits_give_clear_errors() {
-    let dev = nand(16, LossMode::AllUnsynced);
+    for dev in TestDevice::both(16) {
+        limits(&dev);
+    }
+}
+
+fn limits(dev: &TestDevice) {
     let opts = small_opts();
-    let db = open(&dev, &opts);
+    let db = dev.open(&opts);
     assert!(matches!(db.put(b"", b"v"), Err(Error::KeyTooLarge { .. })));
     assert!(matches!(
         db.put(&vec![1u8; opts.max_key_size + 1], b"v"),
@@ -92,8 +107,13 @@ fn limits_give_clear_errors() {
 
 #[test]
 fn batches_are_atomic_and_visible_together() {
-    let dev = nand(16, LossMode::AllUnsynced);
-    let db = open(&dev, &small_opts());
+    for dev in TestDevice::both(16) {
+        batches_visible_together(&dev);
+    }
+}
+
+fn batches_visible_together(dev: &TestDevice) {
+    let db = dev.open(&small_opts());
     db.write_batch(&[
         BatchOp::Put("x".into(), "1".into()),
         BatchOp::Put("y".into(), "2".into()),

@@ -4,17 +4,21 @@
 mod common;
 
 use common::*;
-use engine::flash::LossMode;
 use engine::Error;
 
 #[test]
 fn no_space_then_delete_and_gc_make_room() {
-    let dev = nand(8, LossMode::AllUnsynced);
+    for dev in TestDevice::both(8) {
+        no_space_then_room(&dev);
+    }
+}
+
+fn no_space_then_room(dev: &TestDevice) {
     let mut opts = small_opts();
     // Tiny segments (16 pages) hold few keytables: keep enough headroom for
     // the compactions that turn deletes into garbage GC can see.
     opts.reserved_segments = 8;
-    let db = open(&dev, &opts);
+    let db = dev.open(&opts);
     let mut written = 0u32;
     let err = loop {
         match db.put(&key(written), &value_for(written, 1, 3000)) {

@@ -12,12 +12,17 @@ use rand::{Rng, SeedableRng};
 
 #[test]
 fn sustained_overwrites_are_reclaimed_automatically() {
-    let dev = nand(32, LossMode::AllUnsynced);
+    for dev in TestDevice::both(32) {
+        sustained_overwrites(&dev);
+    }
+}
+
+fn sustained_overwrites(dev: &TestDevice) {
     let mut opts = small_opts();
     opts.background = true;
     opts.memtable_bytes = 16 * 1024;
     opts.memtable_log_bytes = 256 * 1024;
-    let db = open(&dev, &opts);
+    let db = dev.open(&opts);
     let keys = 400u32;
     let value_len = 2000;
     let mut rng = SmallRng::seed_from_u64(1);
@@ -30,7 +35,11 @@ fn sustained_overwrites_are_reclaimed_automatically() {
         latest[k as usize] = i;
     }
     let s = db.stats();
-    assert!(s.gc_segments_reclaimed > 50, "GC did not keep up: {s:?}");
+    assert!(
+        s.gc_segments_reclaimed > 50,
+        "{}: GC did not keep up: {s:?}",
+        dev.name()
+    );
     let live = u64::from(keys) * value_len as u64;
     assert!(
         s.log_bytes < 6 * live,

@@ -45,3 +45,53 @@ pub fn value_for(key: u32, version: u64, len: usize) -> Vec<u8> {
 pub fn key(k: u32) -> Vec<u8> {
     format!("key{k:06}").into_bytes()
 }
+
+/// A test device of either backend; `open` opens a Db on it (the file
+/// backend reopens the file every time, as a restarted process would).
+pub struct TestDevice {
+    nand: Option<Arc<NandDevice>>,
+    file: Option<(tempfile::TempDir, std::path::PathBuf)>,
+    mib: u64,
+}
+
+impl TestDevice {
+    /// Both backends, `mib` MiB each: emulated NAND and a file with O_DIRECT.
+    pub fn both(mib: u64) -> [TestDevice; 2] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("device");
+        [
+            TestDevice {
+                nand: Some(nand(mib, LossMode::AllUnsynced)),
+                file: None,
+                mib,
+            },
+            TestDevice {
+                nand: None,
+                file: Some((dir, path)),
+                mib,
+            },
+        ]
+    }
+
+    /// Which backend, for messages.
+    pub fn name(&self) -> &'static str {
+        if self.nand.is_some() {
+            "nand"
+        } else {
+            "file"
+        }
+    }
+
+    /// Opens a Db on the device.
+    pub fn open(&self, opts: &Options) -> Db {
+        let dev: Arc<dyn Device> = match (&self.nand, &self.file) {
+            (Some(n), _) => n.clone(),
+            (None, Some((_, path))) => {
+                engine::flash::FileDevice::open(path, Some(self.mib << 20), 4096)
+                    .expect("file device")
+            }
+            (None, None) => unreachable!("a TestDevice has one backend"),
+        };
+        Db::open(dev, opts.clone()).expect("open")
+    }
+}
