@@ -3,6 +3,8 @@
 //! workloads against the engine in-process). Cluster and adapter
 //! subcommands come with their issues.
 
+use std::io::IsTerminal;
+
 use clap::{Parser, Subcommand};
 
 mod bench;
@@ -35,6 +37,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

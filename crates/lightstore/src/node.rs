@@ -41,6 +41,12 @@ pub struct NodeArgs {
     /// Executor threads running engine calls (default 16).
     #[arg(long)]
     threads: Option<usize>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off by default), e.g. 127.0.0.1:9121.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+    /// Log (WARN) requests slower than N milliseconds with their phase breakdown.
+    #[arg(long, value_name = "N")]
+    slowlog_ms: Option<u64>,
 }
 
 /// Builds the configuration and runs the node until it stops.
@@ -75,6 +81,12 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = args.threads {
         c.threads = v;
+    }
+    if let Some(v) = args.metrics {
+        c.metrics_listen = Some(v);
+    }
+    if let Some(v) = args.slowlog_ms {
+        c.slowlog_ms = Some(v);
     }
     server::run(c)?;
     Ok(())

@@ -85,6 +85,10 @@ pub struct Config {
     pub max_inline: Size,
     /// Executor threads running engine calls.
     pub threads: usize,
+    /// Address of the Prometheus `/metrics` HTTP endpoint (off when unset).
+    pub metrics_listen: Option<String>,
+    /// Log requests slower than this many milliseconds (off when unset).
+    pub slowlog_ms: Option<u64>,
 }
 
 /// Name of the device file inside the data directory.
@@ -105,6 +109,8 @@ impl Default for Config {
             max_args: 1 << 20,
             max_inline: Size(64 << 10),
             threads: 16,
+            metrics_listen: None,
+            slowlog_ms: None,
         }
     }
 }
@@ -185,13 +191,17 @@ mod tests {
     #[test]
     fn toml_with_sizes_and_defaults() {
         let c = Config::from_toml(
-            "data_dir = \"/tmp/x\"\ncapacity = \"1G\"\ncache_size = 1048576\nthreads = 4\n",
+            "data_dir = \"/tmp/x\"\ncapacity = \"1G\"\ncache_size = 1048576\nthreads = 4\n\
+             metrics_listen = \"127.0.0.1:9100\"\nslowlog_ms = 25\n",
         )
         .unwrap();
         assert_eq!(c.capacity, Size(1 << 30));
         assert_eq!(c.cache_size, Some(Size(1 << 20)));
         assert_eq!(c.threads, 4);
         assert_eq!(c.listen, "127.0.0.1:7379");
+        assert_eq!(c.metrics_listen.as_deref(), Some("127.0.0.1:9100"));
+        assert_eq!(c.slowlog_ms, Some(25));
+        assert_eq!(Config::default().metrics_listen, None);
         assert!(c.validate().is_ok());
         assert!(Config::from_toml("bogus = 1").is_err());
         assert!(Config::from_toml("capacity = \"1Q\"").is_err());

@@ -5,6 +5,7 @@
 //! read its replies cannot make the node buffer without bound.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use protocol::{Reply, RequestParser, RespVersion};
@@ -13,6 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::cmd::{arity_ok, errors, is_refused, Cmd};
 use crate::exec::Executor;
+use crate::metrics::{micros, Breakdown};
 use crate::session::{noauth, run_local, Outcome, Session};
 use crate::state::{Counters, NodeState};
 
@@ -50,6 +52,7 @@ where
     loop {
         let mut batch = Vec::new();
         let mut proto_err = None;
+        let parse_start = Instant::now();
         loop {
             match parser.next_request(&mut rbuf) {
                 Ok(Some(req)) => batch.push(req),
@@ -62,7 +65,8 @@ where
         }
         let mut after = After::Continue;
         if !batch.is_empty() {
-            after = run_batch(&state, &exec, &mut session, batch, &mut wbuf).await;
+            let parse = parse_start.elapsed();
+            after = run_batch(&state, &exec, &mut session, batch, parse, &mut wbuf).await;
         }
         if let Some(e) = &proto_err {
             tracing::debug!(client = session.id, "protocol error: {e}");
@@ -104,15 +108,29 @@ where
     let _ = stream.shutdown().await;
 }
 
+/// How one request of a batch was answered, for metrics.
+struct Timing {
+    /// Index in [`crate::cmd::COMMANDS`], `None` for unknown commands.
+    index: Option<usize>,
+    /// Time of a command answered on the network thread.
+    local: Duration,
+    /// Whether it ran on the executor.
+    engine: bool,
+}
+
 /// Answers a batch of requests, appending the encoded replies to `out`.
+/// `parse` is the time it took to parse the batch (for metrics).
 async fn run_batch(
     state: &Arc<NodeState>,
     exec: &Executor,
     session: &mut Session,
     batch: Vec<Vec<Bytes>>,
+    parse: Duration,
     out: &mut BytesMut,
 ) -> After {
+    let start = Instant::now();
     let mut slots = Vec::with_capacity(batch.len());
+    let mut timings = Vec::with_capacity(batch.len());
     let mut jobs: Vec<(Cmd, Vec<Bytes>)> = Vec::new();
     let mut after = After::Continue;
     for args in batch {
@@ -120,10 +138,16 @@ async fn run_batch(
         let Some(name) = args.first() else {
             continue; // the parser never yields empty requests
         };
+        let t = Instant::now();
         let known = Cmd::lookup(name);
         if let Some((cmd, _, _)) = known {
             Counters::bump(&state.counters.calls[cmd.index()]);
         }
+        let mut timing = Timing {
+            index: known.map(|(cmd, _, _)| cmd.index()),
+            local: Duration::ZERO,
+            engine: false,
+        };
         let reply = match known {
             _ if !session.authed
                 && !matches!(known, Some((Cmd::Hello | Cmd::Auth | Cmd::Quit, _, _))) =>
@@ -136,12 +160,16 @@ async fn run_batch(
             Some((cmd, _, _)) if cmd.uses_engine() => {
                 slots.push(Slot::Engine(session.resp));
                 jobs.push((cmd, args));
+                timing.engine = true;
+                timings.push(timing);
                 continue;
             }
             Some((cmd, _, _)) => match run_local(state, session, cmd, &args) {
                 Outcome::Reply(r) => r,
                 Outcome::Quit(r) => {
                     slots.push(Slot::Ready(r, session.resp));
+                    timing.local = t.elapsed();
+                    timings.push(timing);
                     after = After::Close;
                     break;
                 }
@@ -151,10 +179,12 @@ async fn run_batch(
                 }
             },
         };
+        timing.local = t.elapsed();
+        timings.push(timing);
         slots.push(Slot::Ready(reply, session.resp));
     }
-    let mut results = if jobs.is_empty() {
-        Vec::new()
+    let (results, queue) = if jobs.is_empty() {
+        (Vec::new(), Duration::ZERO)
     } else {
         match run_on_executor(state, exec, jobs).await {
             Some(r) => r,
@@ -163,8 +193,10 @@ async fn run_batch(
                 return After::Close;
             }
         }
-    }
-    .into_iter();
+    };
+    let engine_times: Vec<Duration> = results.iter().map(|(_, d)| *d).collect();
+    let mut results = results.into_iter().map(|(r, _)| r);
+    let encode_start = Instant::now();
     for slot in slots {
         match slot {
             Slot::Ready(r, v) => r.encode(v, out),
@@ -174,24 +206,85 @@ async fn run_batch(
                 .encode(v, out),
         }
     }
+    let encode = encode_start.elapsed();
+    record(
+        state,
+        &timings,
+        &engine_times,
+        parse + encode,
+        queue,
+        parse + start.elapsed(),
+    );
     after
 }
 
+/// Records per-request metrics of a batch and logs it when it was slow.
+/// `shared` (parse + encode) is divided equally among the requests.
+fn record(
+    state: &NodeState,
+    timings: &[Timing],
+    engine_times: &[Duration],
+    shared: Duration,
+    queue: Duration,
+    wall: Duration,
+) {
+    if timings.is_empty() {
+        return;
+    }
+    let share = micros(shared) / timings.len() as u64;
+    let queue_us = micros(queue);
+    let mut engine_times = engine_times.iter();
+    let mut batch = Breakdown {
+        protocol_us: micros(shared),
+        ..Breakdown::default()
+    };
+    for t in timings {
+        let b = Breakdown {
+            protocol_us: share + micros(t.local),
+            queue_us: if t.engine { queue_us } else { 0 },
+            engine_us: if t.engine {
+                engine_times.next().map_or(0, |d| micros(*d))
+            } else {
+                0
+            },
+        };
+        batch.protocol_us += micros(t.local);
+        batch.engine_us += b.engine_us;
+        state.metrics.record(t.index, b);
+    }
+    if timings.iter().any(|t| t.engine) {
+        batch.queue_us = queue_us;
+    }
+    if let Some(limit) = state.config.slowlog_ms {
+        crate::slowlog::check(limit, timings.len(), timings[0].index, wall, batch);
+    }
+}
+
 /// Runs the engine commands of one batch, in order, as one executor job.
+/// Returns each reply with its engine time, and how long the job waited:
+/// in the executor queue (submit to start) plus the hand-back to the network
+/// thread (job end to this task resuming).
 async fn run_on_executor(
     state: &Arc<NodeState>,
     exec: &Executor,
     jobs: Vec<(Cmd, Vec<Bytes>)>,
-) -> Option<Vec<Reply>> {
+) -> Option<(Vec<(Reply, Duration)>, Duration)> {
     let (tx, rx) = oneshot::channel();
     let st = state.clone();
+    let submitted = Instant::now();
     exec.submit(Box::new(move || {
+        let queued = submitted.elapsed();
         let replies = jobs
             .iter()
-            .map(|(cmd, args)| crate::data::execute(&st, *cmd, args))
+            .map(|(cmd, args)| {
+                let t = Instant::now();
+                let r = crate::data::execute(&st, *cmd, args);
+                (r, t.elapsed())
+            })
             .collect::<Vec<_>>();
-        let _ = tx.send(replies);
+        let _ = tx.send((replies, queued, Instant::now()));
     }))
     .ok()?;
-    rx.await.ok()
+    let (replies, queued, done) = rx.await.ok()?;
+    Some((replies, queued + done.elapsed()))
 }

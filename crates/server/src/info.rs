@@ -1,4 +1,6 @@
-//! INFO: server, clients, stats, engine and keyspace sections as
+//! INFO: server, clients, stats, commandstats (calls, time and log2-bucket
+//! percentiles in microseconds per command), latency_breakdown (protocol,
+//! queue and engine time), engine and keyspace sections as
 //! `name:value` lines (verbatim text in RESP3).
 
 use std::fmt::Write;
@@ -10,7 +12,15 @@ use protocol::Reply;
 use crate::cmd::COMMANDS;
 use crate::state::NodeState;
 
-const SECTIONS: &[&str] = &["server", "clients", "stats", "engine", "keyspace"];
+const SECTIONS: &[&str] = &[
+    "server",
+    "clients",
+    "stats",
+    "commandstats",
+    "latency_breakdown",
+    "engine",
+    "keyspace",
+];
 
 /// INFO [section ...] (`all`, `everything` and `default` mean every section).
 pub fn info(state: &NodeState, args: &[Bytes]) -> Reply {
@@ -67,6 +77,39 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
                     line(&format!("cmdstat_{name}"), &format!("calls={n}"));
                 }
             }
+        }
+        "commandstats" => {
+            for (name, h) in state.metrics.commands() {
+                let per_call = h.sum_us as f64 / h.count.max(1) as f64;
+                line(
+                    &format!("cmdstat_{name}"),
+                    &format!(
+                        "calls={},usec={},usec_per_call={per_call:.2},p50={},p99={},p999={}",
+                        h.count,
+                        h.sum_us,
+                        h.quantile_us(0.5),
+                        h.quantile_us(0.99),
+                        h.quantile_us(0.999)
+                    ),
+                );
+            }
+        }
+        "latency_breakdown" => {
+            let p = state.metrics.phases();
+            let n = p.requests.max(1) as f64;
+            line("requests", &p.requests);
+            for (phase, us) in [
+                ("protocol", p.protocol_us),
+                ("queue", p.queue_us),
+                ("engine", p.engine_us),
+            ] {
+                line(&format!("{phase}_us"), &us);
+                line(
+                    &format!("{phase}_us_per_request"),
+                    &format!("{:.2}", us as f64 / n),
+                );
+            }
+            line("device_io", &"not_separated_included_in_engine");
         }
         "engine" => {
             let s = state.db.stats();

@@ -20,9 +20,13 @@ mod error;
 mod exec;
 mod glob;
 mod info;
+mod metrics;
+mod metrics_http;
 mod node;
+mod prom;
 mod session;
 mod size;
+mod slowlog;
 mod state;
 
 pub use config::{Config, ConfigError};

@@ -96,6 +96,21 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         }
         None => None,
     };
+    let metrics = match &config.metrics_listen {
+        Some(m) => Some(runtime.block_on(async {
+            TcpListener::bind(m)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: m.clone(),
+                    source,
+                })
+        })?),
+        None => None,
+    };
+    let metrics_addr = match &metrics {
+        Some(l) => Some(l.local_addr().map_err(ServerError::Runtime)?),
+        None => None,
+    };
     if !addr.ip().is_loopback() && config.requirepass.is_none() {
         let msg = format!(
             "listening on non-loopback address {addr} WITHOUT a password: anyone who can reach \
@@ -110,10 +125,16 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         .as_ref()
         .map(|p| format!(" and {}", p.display()))
         .unwrap_or_default();
+    let metrics_note = metrics_addr
+        .map(|m| format!(", metrics on http://{m}/metrics"))
+        .unwrap_or_default();
     eprintln!(
-        "lightstore node ready: listening on {addr}{unix_note} (data {})",
+        "lightstore node ready: listening on {addr}{unix_note} (data {}){metrics_note}",
         config.data_dir.display()
     );
+    if let Some(l) = metrics {
+        runtime.spawn(crate::metrics_http::serve(l, state.clone()));
+    }
     runtime.block_on(serve(state.clone(), exec.clone(), tcp, unix, addr));
     runtime.shutdown_timeout(Duration::from_secs(1));
     exec.shutdown();

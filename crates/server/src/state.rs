@@ -10,6 +10,7 @@ use protocol::Limits;
 use crate::cmd::COMMANDS;
 use crate::config::Config;
 use crate::cursor::CursorTable;
+use crate::metrics::Metrics;
 
 /// Counters reported by INFO.
 pub struct Counters {
@@ -57,6 +58,8 @@ pub struct NodeState {
     pub cursors: Mutex<CursorTable>,
     /// INFO counters.
     pub counters: Counters,
+    /// Latency histograms and phase totals (INFO, /metrics, slowlog).
+    pub metrics: Metrics,
     /// Source of client ids.
     pub next_client_id: AtomicU64,
     /// When the node started.
@@ -77,6 +80,7 @@ impl NodeState {
             write_order: RwLock::new(()),
             cursors: Mutex::new(CursorTable::new(crate::cursor::MAX_CURSORS)),
             counters: Counters::new(),
+            metrics: Metrics::default(),
             next_client_id: AtomicU64::new(1),
             started: Instant::now(),
             shutdown: tokio::sync::watch::channel(false).0,

@@ -92,6 +92,20 @@ impl Node {
         }
     }
 
+    /// The `/metrics` address from the ready line (`--metrics` given).
+    pub fn metrics_addr(&self) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        log.iter().find_map(|l| {
+            let rest = l.split("metrics on http://").nth(1)?;
+            Some(rest.split('/').next()?.to_string())
+        })
+    }
+
+    /// Everything the node printed to stderr so far, one string.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
     /// Runs redis-cli against this node; returns its output (any exit status).
     pub fn cli_output(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
         let mut cmd = Command::new("redis-cli");

@@ -1,0 +1,143 @@
+//! Observability of `lightstore node`: the Prometheus `/metrics` endpoint,
+//! INFO commandstats / latency_breakdown, and the slow-request log.
+
+mod node_support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use node_support::Node;
+
+/// One HTTP/1.1 GET; returns (status line, body).
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("header/body split");
+    let status = head.lines().next().unwrap_or_default().to_string();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("Content-Length");
+    assert_eq!(len, body.len(), "Content-Length matches the body");
+    (status, body.to_string())
+}
+
+/// The value of a sample line `name value`, if present.
+fn sample(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn metrics_endpoint_and_info_commandstats() {
+    let n = Node::start(&["--metrics", "127.0.0.1:0"]);
+    let addr = n
+        .metrics_addr()
+        .expect("ready line names the metrics address");
+    const SETS: usize = 5;
+    for i in 0..SETS {
+        assert_eq!(n.cli(&["set", &format!("k{i}"), "v"]), "OK");
+    }
+    assert_eq!(n.cli(&["get", "k1"]), "v");
+    assert_eq!(n.cli(&["get", "missing"]), "");
+    let _ = n.cli_output(&["nosuchcommand"], None);
+
+    let (status, body) = http_get(&addr, "/metrics");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert!(body.contains("# TYPE lightstore_command_duration_seconds histogram"));
+    let set_buckets: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("lightstore_command_duration_seconds_bucket{command=\"set\""))
+        .collect();
+    assert_eq!(set_buckets.len(), 33, "32 log2 buckets and +Inf");
+    let inf = sample(
+        &body,
+        "lightstore_command_duration_seconds_bucket{command=\"set\",le=\"+Inf\"}",
+    )
+    .expect("+Inf bucket");
+    assert!(inf >= SETS as f64, "{inf} < {SETS}");
+    let count = sample(
+        &body,
+        "lightstore_command_duration_seconds_count{command=\"get\"}",
+    );
+    assert!(count.unwrap_or(0.0) >= 2.0, "get count {count:?}");
+    assert!(body.contains("command=\"unknown\""));
+    for phase in ["protocol", "queue", "engine"] {
+        let v = sample(
+            &body,
+            &format!("lightstore_request_phase_seconds_total{{phase=\"{phase}\"}}"),
+        );
+        assert!(v.is_some_and(|v| v >= 0.0), "phase {phase}: {v:?}");
+    }
+    assert!(sample(&body, "lightstore_engine_segments_free").is_some_and(|v| v > 0.0));
+    assert!(body.contains("lightstore_engine_dram_bytes{part=\"index\"}"));
+    assert!(body.contains("lightstore_engine_write_amplification "));
+
+    let (status, _) = http_get(&addr, "/nope");
+    assert!(status.starts_with("HTTP/1.1 404"), "{status}");
+
+    let info = n.cli(&["info", "commandstats"]);
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_get:"))
+        .unwrap_or_else(|| panic!("no cmdstat_get in {info}"));
+    assert!(line.starts_with("cmdstat_get:calls=2,usec="), "{line}");
+    for k in ["usec_per_call=", "p50=", "p99=", "p999="] {
+        assert!(line.contains(k), "{line}");
+    }
+    let info = n.cli(&["info", "latency_breakdown"]);
+    for k in [
+        "requests:",
+        "protocol_us:",
+        "queue_us_per_request:",
+        "engine_us:",
+    ] {
+        assert!(info.contains(k), "{k} missing in {info}");
+    }
+}
+
+#[test]
+fn metrics_are_off_by_default() {
+    let n = Node::start(&[]);
+    assert_eq!(n.cli(&["ping"]), "PONG");
+    assert_eq!(n.metrics_addr(), None);
+}
+
+#[test]
+fn slowlog_logs_requests_with_their_breakdown() {
+    let n = Node::start(&["--slowlog-ms", "0"]);
+    assert_eq!(n.cli(&["set", "slow", "v"]), "OK");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = n.log_text();
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.contains("slow request") && l.contains("command=\"set\""))
+        {
+            for k in ["total_us=", "protocol_us=", "queue_us=", "engine_us="] {
+                assert!(line.contains(k), "{k} missing in {line}");
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "no slow-request line in:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn slowlog_is_quiet_below_the_threshold() {
+    let n = Node::start(&["--slowlog-ms", "60000"]);
+    assert_eq!(n.cli(&["set", "fast", "v"]), "OK");
+    assert_eq!(n.cli(&["get", "fast"]), "v");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!n.log_text().contains("slow request"));
+}

@@ -1,0 +1,292 @@
+//! Request metrics: per-command latency histograms and the paper's
+//! Figure 10 breakdown of where a request's time goes.
+//!
+//! Everything here is lock-free (relaxed atomics), so the network thread and
+//! the executor threads record without contention beyond cache lines.
+//!
+//! Phases of a request:
+//! - **protocol**: parsing and reply encoding on the network thread, plus
+//!   commands answered there (PING, HELLO, ...). A pipelined batch's parse
+//!   and encode time is shared equally among its requests.
+//! - **queue**: time an executor job waited in the executor queue (stamped
+//!   at submit, read when a thread starts it) plus the hand-back of its
+//!   replies to the network thread (job end until the connection task runs
+//!   again). Every engine request of a pipelined batch waited that long.
+//! - **engine**: time the executor spent running the request's engine call
+//!   (index search, value-log append, group commit, device reads).
+//!
+//! Device I/O is **not** separated from the engine phase yet: the engine
+//! exposes read counts ([`engine::Stats::device_reads_per_get`]) but no
+//! per-call device time, and this crate does not change the engine.
+//!
+//! A request's recorded latency is its service time inside the node:
+//! its protocol share + queue wait (engine commands) + its own engine time.
+//! Time a pipelined request spends waiting for the requests before it in the
+//! same job is not counted in its own latency.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::cmd::COMMANDS;
+
+/// Number of log2 buckets; bucket `i` counts latencies `<= 2^i` microseconds
+/// (and above `2^(i-1)`); the last bucket also takes everything larger.
+pub const BUCKETS: usize = 32;
+
+/// Name under which requests for unknown or refused commands are recorded.
+pub const UNKNOWN: &str = "unknown";
+
+/// Microseconds in `d`, saturating.
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A fixed log2-bucket latency histogram in microseconds.
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Bucket index of a latency of `us` microseconds.
+pub fn bucket_of(us: u64) -> usize {
+    if us <= 1 {
+        return 0;
+    }
+    // ceil(log2(us)): the smallest i with us <= 2^i.
+    let i = (64 - (us - 1).leading_zeros()) as usize;
+    i.min(BUCKETS - 1)
+}
+
+/// Upper bound of bucket `i` in microseconds (`le` label).
+pub fn bucket_bound_us(i: usize) -> u64 {
+    1u64 << i.min(63)
+}
+
+/// A point-in-time copy of a [`Histogram`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// Non-cumulative counts per bucket.
+    pub buckets: Vec<u64>,
+    /// Recorded values.
+    pub count: u64,
+    /// Sum of recorded values, microseconds.
+    pub sum_us: u64,
+}
+
+impl HistogramSnapshot {
+    /// Upper bound (microseconds) of the bucket holding quantile `q` (0..=1),
+    /// or 0 when empty.
+    pub fn quantile_us(&self, q: f64) -> u64 {
+        let total: u64 = self.buckets.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return bucket_bound_us(i);
+            }
+        }
+        bucket_bound_us(BUCKETS - 1)
+    }
+}
+
+impl Histogram {
+    /// Records one latency.
+    pub fn record_us(&self, us: u64) {
+        self.buckets[bucket_of(us)].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Copies the counters (not atomically as a whole; good enough for reports).
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect(),
+            count: self.count.load(Ordering::Relaxed),
+            sum_us: self.sum_us.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Cumulative time per phase, microseconds, and requests counted.
+#[derive(Default)]
+pub struct Phases {
+    /// Parse, encode and network-thread commands.
+    pub protocol_us: AtomicU64,
+    /// Executor queue wait (per request of each job).
+    pub queue_us: AtomicU64,
+    /// Executor time of engine calls.
+    pub engine_us: AtomicU64,
+    /// Requests these totals cover.
+    pub requests: AtomicU64,
+}
+
+/// A copy of [`Phases`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhasesSnapshot {
+    /// See [`Phases::protocol_us`].
+    pub protocol_us: u64,
+    /// See [`Phases::queue_us`].
+    pub queue_us: u64,
+    /// See [`Phases::engine_us`].
+    pub engine_us: u64,
+    /// See [`Phases::requests`].
+    pub requests: u64,
+}
+
+/// The phase breakdown of one request or one pipelined batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Breakdown {
+    /// Protocol time, microseconds.
+    pub protocol_us: u64,
+    /// Queue time, microseconds.
+    pub queue_us: u64,
+    /// Engine time, microseconds.
+    pub engine_us: u64,
+}
+
+impl Breakdown {
+    /// Sum of the phases.
+    pub fn total_us(&self) -> u64 {
+        self.protocol_us
+            .saturating_add(self.queue_us)
+            .saturating_add(self.engine_us)
+    }
+}
+
+/// All request metrics of a node.
+pub struct Metrics {
+    /// One histogram per entry of [`COMMANDS`], then one for unknown commands.
+    commands: Vec<Histogram>,
+    /// Phase totals.
+    pub phases: Phases,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            commands: (0..=COMMANDS.len()).map(|_| Histogram::default()).collect(),
+            phases: Phases::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one request: `index` is its [`COMMANDS`] index or `None` for
+    /// an unknown command; the latency is the sum of `b`'s phases.
+    pub fn record(&self, index: Option<usize>, b: Breakdown) {
+        let i = index
+            .filter(|i| *i < COMMANDS.len())
+            .unwrap_or(COMMANDS.len());
+        self.commands[i].record_us(b.total_us());
+        let p = &self.phases;
+        p.protocol_us.fetch_add(b.protocol_us, Ordering::Relaxed);
+        p.queue_us.fetch_add(b.queue_us, Ordering::Relaxed);
+        p.engine_us.fetch_add(b.engine_us, Ordering::Relaxed);
+        p.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Command names with their histograms, known commands first, then
+    /// [`UNKNOWN`]; only commands with at least one call.
+    pub fn commands(&self) -> Vec<(&'static str, HistogramSnapshot)> {
+        COMMANDS
+            .iter()
+            .map(|(_, n, _)| *n)
+            .chain(std::iter::once(UNKNOWN))
+            .zip(&self.commands)
+            .map(|(n, h)| (n, h.snapshot()))
+            .filter(|(_, s)| s.count > 0)
+            .collect()
+    }
+
+    /// A copy of the phase totals.
+    pub fn phases(&self) -> PhasesSnapshot {
+        let p = &self.phases;
+        PhasesSnapshot {
+            protocol_us: p.protocol_us.load(Ordering::Relaxed),
+            queue_us: p.queue_us.load(Ordering::Relaxed),
+            engine_us: p.engine_us.load(Ordering::Relaxed),
+            requests: p.requests.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_ceil_log2() {
+        assert_eq!(bucket_of(0), 0);
+        assert_eq!(bucket_of(1), 0);
+        assert_eq!(bucket_of(2), 1);
+        assert_eq!(bucket_of(3), 2);
+        assert_eq!(bucket_of(4), 2);
+        assert_eq!(bucket_of(5), 3);
+        assert_eq!(bucket_of(1024), 10);
+        assert_eq!(bucket_of(1025), 11);
+        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
+        for us in [1, 7, 100, 5000, 1 << 20] {
+            assert!(us <= bucket_bound_us(bucket_of(us)));
+        }
+    }
+
+    #[test]
+    fn quantiles_and_per_command_recording() {
+        let m = Metrics::default();
+        let set = COMMANDS.iter().position(|(_, n, _)| *n == "set");
+        for _ in 0..98 {
+            m.record(
+                set,
+                Breakdown {
+                    protocol_us: 1,
+                    queue_us: 1,
+                    engine_us: 8,
+                },
+            );
+        }
+        for us in [3000, 100_000] {
+            m.record(
+                set,
+                Breakdown {
+                    engine_us: us,
+                    ..Breakdown::default()
+                },
+            );
+        }
+        m.record(None, Breakdown::default());
+        let cmds = m.commands();
+        assert_eq!(cmds.len(), 2);
+        let (name, s) = &cmds[0];
+        assert_eq!(*name, "set");
+        assert_eq!(s.count, 100);
+        assert_eq!(s.sum_us, 98 * 10 + 103_000);
+        assert_eq!(s.quantile_us(0.5), 16);
+        assert_eq!(s.quantile_us(0.99), 4096);
+        assert_eq!(s.quantile_us(0.999), 131_072);
+        assert_eq!(cmds[1].0, UNKNOWN);
+        let p = m.phases();
+        assert_eq!(p.requests, 101);
+        assert_eq!(p.protocol_us, 98);
+        assert_eq!(p.engine_us, 98 * 8 + 103_000);
+        assert_eq!(HistogramSnapshot::default().quantile_us(0.5), 0);
+    }
+}

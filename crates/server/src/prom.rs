@@ -1,0 +1,189 @@
+//! Prometheus text exposition format 0.0.4 of the node's metrics: the
+//! per-command latency histogram, phase time counters and engine gauges.
+
+use std::fmt::Write;
+
+use crate::metrics::{bucket_bound_us, HistogramSnapshot, PhasesSnapshot};
+
+/// Content type of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Renders the exposition text.
+pub fn render(
+    commands: &[(&str, HistogramSnapshot)],
+    phases: PhasesSnapshot,
+    engine: &engine::Stats,
+) -> String {
+    let mut out = String::new();
+    histogram(&mut out, commands);
+    header(
+        &mut out,
+        "lightstore_request_phase_seconds_total",
+        "counter",
+        "Time spent by requests per phase (device I/O is included in engine).",
+    );
+    for (phase, us) in [
+        ("protocol", phases.protocol_us),
+        ("queue", phases.queue_us),
+        ("engine", phases.engine_us),
+    ] {
+        let _ = writeln!(
+            out,
+            "lightstore_request_phase_seconds_total{{phase=\"{phase}\"}} {}",
+            secs(us)
+        );
+    }
+    header(
+        &mut out,
+        "lightstore_requests_total",
+        "counter",
+        "Requests the phase totals cover.",
+    );
+    let _ = writeln!(out, "lightstore_requests_total {}", phases.requests);
+    engine_gauges(&mut out, engine);
+    out
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn secs(us: u64) -> f64 {
+    us as f64 / 1e6
+}
+
+fn histogram(out: &mut String, commands: &[(&str, HistogramSnapshot)]) {
+    const NAME: &str = "lightstore_command_duration_seconds";
+    header(
+        out,
+        NAME,
+        "histogram",
+        "Time a request spent in the node, by command.",
+    );
+    for (cmd, h) in commands {
+        let mut cumulative = 0;
+        for (i, n) in h.buckets.iter().enumerate() {
+            cumulative += n;
+            let le = secs(bucket_bound_us(i));
+            let _ = writeln!(
+                out,
+                "{NAME}_bucket{{command=\"{cmd}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{NAME}_bucket{{command=\"{cmd}\",le=\"+Inf\"}} {cumulative}"
+        );
+        let _ = writeln!(out, "{NAME}_sum{{command=\"{cmd}\"}} {}", secs(h.sum_us));
+        let _ = writeln!(out, "{NAME}_count{{command=\"{cmd}\"}} {cumulative}");
+    }
+}
+
+fn engine_gauges(out: &mut String, s: &engine::Stats) {
+    let mut one = |name: &str, kind: &str, help: &str, v: &dyn std::fmt::Display| {
+        header(out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    };
+    one(
+        "lightstore_engine_write_amplification",
+        "gauge",
+        "Device bytes written per user byte.",
+        &s.write_amplification,
+    );
+    one(
+        "lightstore_engine_device_reads_per_get",
+        "gauge",
+        "Device reads per GET.",
+        &s.device_reads_per_get,
+    );
+    one(
+        "lightstore_engine_flushes_total",
+        "counter",
+        "Memtable flushes.",
+        &s.flushes,
+    );
+    one(
+        "lightstore_engine_compactions_total",
+        "counter",
+        "Compactions.",
+        &s.compactions,
+    );
+    one(
+        "lightstore_engine_gc_segments_reclaimed_total",
+        "counter",
+        "Value-log segments reclaimed by GC.",
+        &s.gc_segments_reclaimed,
+    );
+    one(
+        "lightstore_engine_garbage_ratio",
+        "gauge",
+        "Dead fraction of value-log bytes.",
+        &s.garbage_ratio,
+    );
+    one(
+        "lightstore_engine_segments_free",
+        "gauge",
+        "Free segments on the device.",
+        &s.segments_free,
+    );
+    one(
+        "lightstore_engine_dram_budget_bytes",
+        "gauge",
+        "Configured DRAM budget.",
+        &s.dram_budget_bytes,
+    );
+    header(
+        out,
+        "lightstore_engine_dram_bytes",
+        "gauge",
+        "Engine DRAM in use, by part.",
+    );
+    for (part, v) in [
+        ("index", s.dram_index_bytes),
+        ("cache", s.dram_cache_bytes),
+        ("bloom", s.dram_bloom_bytes),
+        ("memtable", s.dram_memtable_bytes),
+    ] {
+        let _ = writeln!(out, "lightstore_engine_dram_bytes{{part=\"{part}\"}} {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::BUCKETS;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_with_inf_and_count() {
+        let mut buckets = vec![0; BUCKETS];
+        buckets[0] = 2;
+        buckets[3] = 1;
+        let h = HistogramSnapshot {
+            buckets,
+            count: 3,
+            sum_us: 10,
+        };
+        let text = render(
+            &[("get", h)],
+            PhasesSnapshot {
+                protocol_us: 1_500_000,
+                ..PhasesSnapshot::default()
+            },
+            &engine::Stats::default(),
+        );
+        assert!(text.contains(
+            "lightstore_command_duration_seconds_bucket{command=\"get\",le=\"0.000001\"} 2\n"
+        ));
+        assert!(text.contains(
+            "lightstore_command_duration_seconds_bucket{command=\"get\",le=\"0.000008\"} 3\n"
+        ));
+        assert!(text.contains(
+            "lightstore_command_duration_seconds_bucket{command=\"get\",le=\"+Inf\"} 3\n"
+        ));
+        assert!(text.contains("lightstore_command_duration_seconds_count{command=\"get\"} 3\n"));
+        assert!(text.contains("lightstore_request_phase_seconds_total{phase=\"protocol\"} 1.5\n"));
+        assert!(text.contains("lightstore_engine_dram_bytes{part=\"bloom\"} 0\n"));
+        assert!(text.contains("# TYPE lightstore_engine_segments_free gauge\n"));
+    }
+}
