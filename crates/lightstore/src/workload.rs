@@ -87,16 +87,24 @@ impl Iterator for OpStream {
     }
 }
 
-/// Writes key `i` as exactly `size` bytes: "k" then zero-padded decimal
-/// digits (so keys sort in index order), padded or truncated to `size`.
+/// Writes key `i` (< 10^19) as exactly `size` bytes: "k" then 19
+/// zero-padded decimal digits (so keys sort in index order), padded with
+/// '.' or cut from the left to `size`.
 pub fn encode_key(i: u64, size: usize, out: &mut Vec<u8>) {
+    // "k" + 19 zero-padded digits, written by hand (this runs once per op).
+    let mut digits = [b'0'; 20];
+    digits[0] = b'k';
+    let mut n = i;
+    for d in digits[1..].iter_mut().rev() {
+        *d = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
     out.clear();
-    let digits = format!("k{i:019}");
     if size >= digits.len() {
-        out.extend_from_slice(digits.as_bytes());
+        out.extend_from_slice(&digits);
         out.resize(size, b'.');
     } else {
-        out.extend_from_slice(&digits.as_bytes()[digits.len() - size..]);
+        out.extend_from_slice(&digits[digits.len() - size..]);
     }
 }
 
@@ -130,6 +138,14 @@ impl Values {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_k_and_nineteen_digits() {
+        let mut k = Vec::new();
+        encode_key(1234567, 32, &mut k);
+        assert_eq!(&k[..20], b"k0000000000001234567");
+        assert!(k[20..].iter().all(|&c| c == b'.'));
+    }
 
     #[test]
     fn keys_sort_in_index_order_and_have_the_size() {
