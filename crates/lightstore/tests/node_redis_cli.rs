@@ -195,3 +195,39 @@ fn pipeline_keeps_reply_order_across_local_and_engine_commands() {
     );
     assert!(text.ends_with("_\r\n+OK\r\n"), "{text:?}");
 }
+
+#[test]
+fn grouped_gets_and_sets_keep_per_command_replies() {
+    use std::io::{Read, Write};
+    let n = Node::start(&[]);
+    let mut s = n.connect();
+    let mut req = Vec::new();
+    // A run of plain SETs with an invalid (empty) key in the middle, then a
+    // run of GETs over present and missing keys: replies stay per command.
+    for args in [
+        &[&b"SET"[..], b"a", b"1"][..],
+        &[b"SET", b"", b"2"],
+        &[b"SET", b"c", b"3"],
+        &[b"GET", b"a"],
+        &[b"GET", b"missing"],
+        &[b"GET", b"c"],
+        &[b"QUIT"],
+    ] {
+        req.extend(encode(args));
+    }
+    s.write_all(&req).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out);
+    let lines: Vec<&str> = text.split("\r\n").collect();
+    assert_eq!(lines[0], "+OK", "{text:?}");
+    assert!(
+        lines[1].starts_with("-ERR"),
+        "empty key must fail alone: {text:?}"
+    );
+    assert_eq!(
+        &lines[2..9],
+        ["+OK", "$1", "1", "$-1", "$1", "3", "+OK"],
+        "{text:?}"
+    );
+}

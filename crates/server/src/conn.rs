@@ -274,14 +274,7 @@ async fn run_on_executor(
     let submitted = Instant::now();
     exec.submit(Box::new(move || {
         let queued = submitted.elapsed();
-        let replies = jobs
-            .iter()
-            .map(|(cmd, args)| {
-                let t = Instant::now();
-                let r = crate::data::execute(&st, *cmd, args);
-                (r, t.elapsed())
-            })
-            .collect::<Vec<_>>();
+        let replies = crate::data::execute_batch(&st, &jobs);
         let _ = tx.send((replies, queued, Instant::now()));
     }))
     .ok()?;

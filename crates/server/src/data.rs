@@ -1,6 +1,8 @@
 //! Engine commands, run on the executor pool: SET, GET, MSET, MGET, DEL,
 //! EXISTS, STRLEN, GETRANGE, SCAN, RANGE, DBSIZE (and INFO via `info`).
 
+use std::time::{Duration, Instant};
+
 use bytes::Bytes;
 use engine::BatchOp;
 use protocol::Reply;
@@ -60,6 +62,80 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
         _ => Ok(errors::unknown_command(args)),
     };
     result.unwrap_or_else(|e| errors::engine(&e))
+}
+
+/// Runs the engine commands of one pipelined batch in order. Runs of plain
+/// GETs become one multi-get (their values are read from the device in
+/// parallel) and runs of plain `SET k v` one atomic write batch (one log
+/// append and, under `sync` durability, one device sync); a run whose
+/// combined call fails is retried command by command so every reply carries
+/// its own error. Returns each reply with its share of engine time.
+pub fn execute_batch(state: &NodeState, jobs: &[(Cmd, Vec<Bytes>)]) -> Vec<(Reply, Duration)> {
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut i = 0;
+    while i < jobs.len() {
+        let kind = group_kind(&jobs[i]);
+        let mut j = i + 1;
+        while kind.is_some() && j < jobs.len() && group_kind(&jobs[j]) == kind {
+            j += 1;
+        }
+        let run = &jobs[i..j];
+        let t = Instant::now();
+        let grouped = match kind {
+            Some(Group::Get) if run.len() > 1 => get_run(state, run),
+            Some(Group::Set) if run.len() > 1 => set_run(state, run),
+            _ => None,
+        };
+        match grouped {
+            Some(replies) => {
+                let share = t.elapsed() / run.len() as u32;
+                out.extend(replies.into_iter().map(|r| (r, share)));
+            }
+            None => {
+                for (cmd, args) in run {
+                    let t = Instant::now();
+                    let r = execute(state, *cmd, args);
+                    out.push((r, t.elapsed()));
+                }
+            }
+        }
+        i = j;
+    }
+    out
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Group {
+    Get,
+    Set,
+}
+
+fn group_kind((cmd, args): &(Cmd, Vec<Bytes>)) -> Option<Group> {
+    match cmd {
+        Cmd::Get => Some(Group::Get),
+        Cmd::Set if args.len() == 3 => Some(Group::Set),
+        _ => None,
+    }
+}
+
+fn get_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
+    let keys: Vec<&[u8]> = run.iter().map(|(_, a)| &a[1][..]).collect();
+    let vals = state.db.multi_get(&keys).ok()?;
+    Some(
+        vals.into_iter()
+            .map(|v| v.map_or(Reply::Null, Reply::Bulk))
+            .collect(),
+    )
+}
+
+fn set_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
+    let ops: Vec<BatchOp> = run
+        .iter()
+        .map(|(_, a)| BatchOp::Put(a[1].clone(), a[2].clone()))
+        .collect();
+    let _shared = state.write_order.read();
+    state.db.write_batch(&ops).ok()?;
+    Some(vec![Reply::ok(); run.len()])
 }
 
 /// SET key value [NX|XX] [GET] [KEEPTTL].
