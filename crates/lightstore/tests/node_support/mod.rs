@@ -93,12 +93,19 @@ impl Node {
     }
 
     /// The `/metrics` address from the ready line (`--metrics` given).
+    /// Polls briefly: the stderr reader may record the line just after readiness.
     pub fn metrics_addr(&self) -> Option<String> {
-        let log = self.log.lock().unwrap();
-        log.iter().find_map(|l| {
-            let rest = l.split("metrics on http://").nth(1)?;
-            Some(rest.split('/').next()?.to_string())
-        })
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = self.log.lock().unwrap().iter().find_map(|l| {
+                let rest = l.split("metrics on http://").nth(1)?;
+                Some(rest.split('/').next()?.to_string())
+            });
+            if found.is_some() || std::time::Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Everything the node printed to stderr so far, one string.
