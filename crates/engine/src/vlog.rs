@@ -461,7 +461,8 @@ impl ValueLog {
     /// if another thread is writing (that thread drains the queue).
     pub fn write_pending(&self, block: bool) -> Result<()> {
         let _io = if block {
-            self.io.lock()
+            // Waiting for the write-behind thread's device write is device time.
+            flash::iotime::timed(|| self.io.lock())
         } else {
             match self.io.try_lock() {
                 Some(g) => g,
@@ -530,7 +531,8 @@ impl ValueLog {
                 return Ok(());
             }
             if s.syncing {
-                self.synced.wait(&mut s);
+                // Waiting for another writer's device sync is device time.
+                flash::iotime::timed(|| self.synced.wait(&mut s));
                 continue;
             }
             s.syncing = true;

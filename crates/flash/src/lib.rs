@@ -18,6 +18,7 @@ mod device;
 mod error;
 mod file;
 mod iopool;
+pub mod iotime;
 mod nand;
 mod stats;
 mod store;

@@ -530,8 +530,8 @@ impl FlashStore {
                 "write to segment {seg} which is {state:?}, not Used"
             )));
         }
-        self.dev
-            .write_at(self.segment_offset(seg) + u64::from(page) * ps as u64, data)
+        let at = self.segment_offset(seg) + u64::from(page) * ps as u64;
+        crate::iotime::timed(|| self.dev.write_at(at, data))
     }
 
     /// Validates a read of `len` bytes at byte `offset` of `seg`; returns the device offset.
@@ -556,7 +556,7 @@ impl FlashStore {
     /// must be multiples of [`IO_ALIGN`].
     pub fn read(&self, seg: SegmentId, offset: u64, buf: &mut [u8]) -> Result<()> {
         let at = self.read_offset(seg, offset, buf.len())?;
-        self.dev.read_at(at, buf)
+        crate::iotime::timed(|| self.dev.read_at(at, buf))
     }
 
     /// Several [`FlashStore::read`]s, issued in parallel when the device can.
@@ -566,12 +566,12 @@ impl FlashStore {
             let at = self.read_offset(*seg, *offset, buf.len())?;
             dev_reqs.push((at, &mut **buf));
         }
-        self.dev.read_many(&mut dev_reqs)
+        crate::iotime::timed(|| self.dev.read_many(&mut dev_reqs))
     }
 
     /// Makes all completed writes durable.
     pub fn sync(&self) -> Result<()> {
-        self.dev.sync()
+        crate::iotime::timed(|| self.dev.sync())
     }
 
     /// Releases a Used segment: it becomes PendingFree, and Free (erased) only

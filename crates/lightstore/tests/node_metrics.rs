@@ -39,7 +39,9 @@ fn sample(body: &str, name: &str) -> Option<f64> {
 
 #[test]
 fn metrics_endpoint_and_info_commandstats() {
-    let n = Node::start(&["--metrics", "127.0.0.1:0"]);
+    // `sync` durability: every SET waits for a device sync, so the device
+    // phase cannot be zero.
+    let n = Node::start(&["--metrics", "127.0.0.1:0", "--durability", "sync"]);
     let addr = n
         .metrics_addr()
         .expect("ready line names the metrics address");
@@ -71,13 +73,18 @@ fn metrics_endpoint_and_info_commandstats() {
     );
     assert!(count.unwrap_or(0.0) >= 2.0, "get count {count:?}");
     assert!(body.contains("command=\"unknown\""));
-    for phase in ["protocol", "queue", "engine"] {
+    for phase in ["protocol", "queue", "engine", "device"] {
         let v = sample(
             &body,
             &format!("lightstore_request_phase_seconds_total{{phase=\"{phase}\"}}"),
         );
         assert!(v.is_some_and(|v| v >= 0.0), "phase {phase}: {v:?}");
     }
+    let device = sample(
+        &body,
+        "lightstore_request_phase_seconds_total{phase=\"device\"}",
+    );
+    assert!(device.is_some_and(|v| v > 0.0), "synced SETs: {device:?}");
     assert!(sample(&body, "lightstore_engine_segments_free").is_some_and(|v| v > 0.0));
     assert!(body.contains("lightstore_engine_dram_bytes{part=\"index\"}"));
     assert!(body.contains("lightstore_engine_write_amplification "));
@@ -100,6 +107,7 @@ fn metrics_endpoint_and_info_commandstats() {
         "protocol_us:",
         "queue_us_per_request:",
         "engine_us:",
+        "device_us:",
     ] {
         assert!(info.contains(k), "{k} missing in {info}");
     }
@@ -123,7 +131,13 @@ fn slowlog_logs_requests_with_their_breakdown() {
             .lines()
             .find(|l| l.contains("slow request") && l.contains("command=\"set\""))
         {
-            for k in ["total_us=", "protocol_us=", "queue_us=", "engine_us="] {
+            for k in [
+                "total_us=",
+                "protocol_us=",
+                "queue_us=",
+                "engine_us=",
+                "device_us=",
+            ] {
                 assert!(line.contains(k), "{k} missing in {line}");
             }
             break;

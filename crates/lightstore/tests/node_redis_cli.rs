@@ -231,3 +231,66 @@ fn grouped_gets_and_sets_keep_per_command_replies() {
         "{text:?}"
     );
 }
+
+/// VSET/VDEL (the cluster client's versioned writes): a replica only moves
+/// to a newer version, tombstones are versions too, plain values count as 0.
+#[test]
+fn versioned_writes_only_move_forward() {
+    let n = Node::start(&[]);
+    let mut c = BufReader::new(n.connect());
+    let header = |kind: u8, v: u64| {
+        let mut h = vec![0xF1, kind];
+        h.extend_from_slice(&v.to_be_bytes());
+        h
+    };
+    let stored = |c: &mut BufReader<std::net::TcpStream>, k: &[u8]| match call(c, &[b"GET", k]) {
+        Resp::Bulk(b) => Some(b),
+        _ => None,
+    };
+    assert_eq!(call(&mut c, &[b"VSET", b"k", b"5", b"five"]), Resp::Int(1));
+    assert_eq!(call(&mut c, &[b"VSET", b"k", b"4", b"four"]), Resp::Int(0));
+    assert_eq!(call(&mut c, &[b"VSET", b"k", b"5", b"again"]), Resp::Int(0));
+    let mut want = header(1, 5);
+    want.extend_from_slice(b"five");
+    assert_eq!(stored(&mut c, b"k"), Some(want));
+    // One call: the newest duplicate wins; a plain value is version 0.
+    assert_eq!(
+        call(&mut c, &[b"SET", b"p", b"plain"]),
+        Resp::Simple("OK".into())
+    );
+    let r = call(
+        &mut c,
+        &[
+            b"VSET", b"k", b"9", b"nine", b"k", b"7", b"seven", b"p", b"1", b"one",
+        ],
+    );
+    assert_eq!(r, Resp::Int(2));
+    assert_eq!(
+        stored(&mut c, b"k").map(|v| v[10..].to_vec()),
+        Some(b"nine".to_vec())
+    );
+    assert_eq!(
+        stored(&mut c, b"p").map(|v| v[10..].to_vec()),
+        Some(b"one".to_vec())
+    );
+    // Tombstones: older ones are ignored, newer ones replace the value.
+    assert_eq!(call(&mut c, &[b"VDEL", b"k", b"8"]), Resp::Int(0));
+    assert_eq!(
+        call(&mut c, &[b"VDEL", b"k", b"10", b"gone", b"3"]),
+        Resp::Int(2)
+    );
+    assert_eq!(stored(&mut c, b"k"), Some(header(2, 10)));
+    assert_eq!(call(&mut c, &[b"VSET", b"k", b"10", b"x"]), Resp::Int(0));
+    assert_eq!(call(&mut c, &[b"VSET", b"k", b"11", b"x"]), Resp::Int(1));
+    // Bad input gets an error and the connection stays usable.
+    assert!(matches!(
+        call(&mut c, &[b"VSET", b"k", b"-1", b"x"]),
+        Resp::Error(_)
+    ));
+    assert!(matches!(
+        call(&mut c, &[b"VSET", b"k", b"1", b"x", b"y"]),
+        Resp::Error(_)
+    ));
+    assert!(matches!(call(&mut c, &[b"VDEL", b"k"]), Resp::Error(_)));
+    assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
+}

@@ -1,14 +1,20 @@
 //! `protocol` — RESP, the Redis serialization protocol, as LightStore nodes
 //! speak it: an incremental, zero-copy request parser (multibulk and inline
 //! commands) with hard limits on every length, and a reply encoder for RESP2
-//! and RESP3. It owns bytes-on-the-wire only; what commands mean is the
-//! server's business.
+//! and RESP3; the client side (request encoding, a bounded reply decoder);
+//! and the versioned-value layout the cluster client and nodes share. It owns
+//! bytes-on-the-wire only; what commands mean is the server's business.
 #![deny(missing_docs)]
 
+mod decode;
 mod error;
 mod parse;
 mod reply;
+pub mod versioned;
 
+pub use decode::{
+    decode_reply, encode_request, ReplyError, MAX_REPLY_BULK, MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS,
+};
 pub use error::ProtocolError;
 pub use parse::{Limits, RequestParser};
 pub use reply::{Reply, RespVersion};

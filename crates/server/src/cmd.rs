@@ -25,6 +25,8 @@ pub enum Cmd {
     Getrange,
     Scan,
     Range,
+    Vset,
+    Vdel,
     Dbsize,
     Info,
 }
@@ -52,6 +54,8 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Getrange, "getrange", 4),
     (Cmd::Scan, "scan", -2),
     (Cmd::Range, "range", -3),
+    (Cmd::Vset, "vset", -4),
+    (Cmd::Vdel, "vdel", -3),
     (Cmd::Dbsize, "dbsize", 1),
     (Cmd::Info, "info", -1),
 ];
@@ -193,6 +197,8 @@ impl Cmd {
                 | Cmd::Getrange
                 | Cmd::Scan
                 | Cmd::Range
+                | Cmd::Vset
+                | Cmd::Vdel
                 | Cmd::Dbsize
                 | Cmd::Info
         )

@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use crate::cmd::{arity_ok, errors, is_refused, Cmd};
+use crate::data::CallTime;
 use crate::exec::Executor;
 use crate::metrics::{micros, Breakdown};
 use crate::session::{noauth, run_local, Outcome, Session};
@@ -194,7 +195,7 @@ async fn run_batch(
             }
         }
     };
-    let engine_times: Vec<Duration> = results.iter().map(|(_, d)| *d).collect();
+    let engine_times: Vec<CallTime> = results.iter().map(|(_, d)| *d).collect();
     let mut results = results.into_iter().map(|(r, _)| r);
     let encode_start = Instant::now();
     for slot in slots {
@@ -223,7 +224,7 @@ async fn run_batch(
 fn record(
     state: &NodeState,
     timings: &[Timing],
-    engine_times: &[Duration],
+    engine_times: &[CallTime],
     shared: Duration,
     queue: Duration,
     wall: Duration,
@@ -242,14 +243,24 @@ fn record(
         let b = Breakdown {
             protocol_us: share + micros(t.local),
             queue_us: if t.engine { queue_us } else { 0 },
-            engine_us: if t.engine {
-                engine_times.next().map_or(0, |d| micros(*d))
-            } else {
-                0
+            ..Breakdown::default()
+        };
+        let call = if t.engine {
+            engine_times.next().copied()
+        } else {
+            None
+        };
+        let b = match call {
+            Some(c) => Breakdown {
+                engine_us: micros(c.total.saturating_sub(c.device)),
+                device_us: micros(c.device),
+                ..b
             },
+            None => b,
         };
         batch.protocol_us += micros(t.local);
         batch.engine_us += b.engine_us;
+        batch.device_us += b.device_us;
         state.metrics.record(t.index, b);
     }
     if timings.iter().any(|t| t.engine) {
@@ -268,7 +279,7 @@ async fn run_on_executor(
     state: &Arc<NodeState>,
     exec: &Executor,
     jobs: Vec<(Cmd, Vec<Bytes>)>,
-) -> Option<(Vec<(Reply, Duration)>, Duration)> {
+) -> Option<(Vec<(Reply, CallTime)>, Duration)> {
     let (tx, rx) = oneshot::channel();
     let st = state.clone();
     let submitted = Instant::now();

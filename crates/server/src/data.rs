@@ -1,5 +1,6 @@
 //! Engine commands, run on the executor pool: SET, GET, MSET, MGET, DEL,
-//! EXISTS, STRLEN, GETRANGE, SCAN, RANGE, DBSIZE (and INFO via `info`).
+//! EXISTS, STRLEN, GETRANGE, SCAN, RANGE, DBSIZE (INFO via `info`, VSET and
+//! VDEL via `vcmd`).
 
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,8 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
         Cmd::Getrange => getrange(state, args),
         Cmd::Scan => scan(state, args),
         Cmd::Range => range(state, args),
+        Cmd::Vset => crate::vcmd::vwrite(state, args, false),
+        Cmd::Vdel => crate::vcmd::vwrite(state, args, true),
         Cmd::Dbsize => dbsize(state).map(|n| Reply::Integer(n as i64)),
         Cmd::Info => Ok(crate::info::info(state, args)),
         _ => Ok(errors::unknown_command(args)),
@@ -70,7 +73,7 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
 /// append and, under `sync` durability, one device sync); a run whose
 /// combined call fails is retried command by command so every reply carries
 /// its own error. Returns each reply with its share of engine time.
-pub fn execute_batch(state: &NodeState, jobs: &[(Cmd, Vec<Bytes>)]) -> Vec<(Reply, Duration)> {
+pub fn execute_batch(state: &NodeState, jobs: &[(Cmd, Vec<Bytes>)]) -> Vec<(Reply, CallTime)> {
     let mut out = Vec::with_capacity(jobs.len());
     let mut i = 0;
     while i < jobs.len() {
@@ -80,7 +83,7 @@ pub fn execute_batch(state: &NodeState, jobs: &[(Cmd, Vec<Bytes>)]) -> Vec<(Repl
             j += 1;
         }
         let run = &jobs[i..j];
-        let t = Instant::now();
+        let clock = CallClock::start();
         let grouped = match kind {
             Some(Group::Get) if run.len() > 1 => get_run(state, run),
             Some(Group::Set) if run.len() > 1 => set_run(state, run),
@@ -88,20 +91,59 @@ pub fn execute_batch(state: &NodeState, jobs: &[(Cmd, Vec<Bytes>)]) -> Vec<(Repl
         };
         match grouped {
             Some(replies) => {
-                let share = t.elapsed() / run.len() as u32;
+                let share = clock.stop().share(run.len());
                 out.extend(replies.into_iter().map(|r| (r, share)));
             }
             None => {
                 for (cmd, args) in run {
-                    let t = Instant::now();
+                    let clock = CallClock::start();
                     let r = execute(state, *cmd, args);
-                    out.push((r, t.elapsed()));
+                    out.push((r, clock.stop()));
                 }
             }
         }
         i = j;
     }
     out
+}
+
+/// Time an engine call took on the executor, and the part of it spent
+/// waiting for the device (reads, writes, syncs; see [`flash::iotime`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallTime {
+    /// Wall time of the call.
+    pub total: Duration,
+    /// Device time within `total`.
+    pub device: Duration,
+}
+
+impl CallTime {
+    /// This time divided equally among `n` requests.
+    fn share(self, n: usize) -> CallTime {
+        let n = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
+        CallTime {
+            total: self.total / n,
+            device: self.device / n,
+        }
+    }
+}
+
+/// Measures one engine call: wall time and this thread's device time.
+struct CallClock(Instant);
+
+impl CallClock {
+    fn start() -> CallClock {
+        let _ = flash::iotime::take();
+        CallClock(Instant::now())
+    }
+
+    fn stop(self) -> CallTime {
+        let total = self.0.elapsed();
+        CallTime {
+            total,
+            device: flash::iotime::take().min(total),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -102,6 +102,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
                 ("protocol", p.protocol_us),
                 ("queue", p.queue_us),
                 ("engine", p.engine_us),
+                ("device", p.device_us),
             ] {
                 line(&format!("{phase}_us"), &us);
                 line(
@@ -109,7 +110,6 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
                     &format!("{:.2}", us as f64 / n),
                 );
             }
-            line("device_io", &"not_separated_included_in_engine");
         }
         "engine" => {
             let s = state.db.stats();

@@ -28,6 +28,7 @@ mod session;
 mod size;
 mod slowlog;
 mod state;
+mod vcmd;
 
 pub use config::{Config, ConfigError};
 pub use error::ServerError;

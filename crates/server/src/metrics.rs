@@ -13,11 +13,11 @@
 //!   replies to the network thread (job end until the connection task runs
 //!   again). Every engine request of a pipelined batch waited that long.
 //! - **engine**: time the executor spent running the request's engine call
-//!   (index search, value-log append, group commit, device reads).
-//!
-//! Device I/O is **not** separated from the engine phase yet: the engine
-//! exposes read counts ([`engine::Stats::device_reads_per_get`]) but no
-//! per-call device time, and this crate does not change the engine.
+//!   (index search, keytable lookups in cache, value-log append), without
+//!   its device time.
+//! - **device**: the part of the engine call spent waiting for the device:
+//!   reads, batched reads, log writes and syncs, including waits for another
+//!   writer's group-commit sync ([`flash::iotime`] accounts it per thread).
 //!
 //! A request's recorded latency is its service time inside the node:
 //! its protocol share + queue wait (engine commands) + its own engine time.
@@ -133,8 +133,10 @@ pub struct Phases {
     pub protocol_us: AtomicU64,
     /// Executor queue wait (per request of each job).
     pub queue_us: AtomicU64,
-    /// Executor time of engine calls.
+    /// Executor time of engine calls, without device time.
     pub engine_us: AtomicU64,
+    /// Device time of engine calls.
+    pub device_us: AtomicU64,
     /// Requests these totals cover.
     pub requests: AtomicU64,
 }
@@ -148,6 +150,8 @@ pub struct PhasesSnapshot {
     pub queue_us: u64,
     /// See [`Phases::engine_us`].
     pub engine_us: u64,
+    /// See [`Phases::device_us`].
+    pub device_us: u64,
     /// See [`Phases::requests`].
     pub requests: u64,
 }
@@ -159,8 +163,10 @@ pub struct Breakdown {
     pub protocol_us: u64,
     /// Queue time, microseconds.
     pub queue_us: u64,
-    /// Engine time, microseconds.
+    /// Engine time without device time, microseconds.
     pub engine_us: u64,
+    /// Device time, microseconds.
+    pub device_us: u64,
 }
 
 impl Breakdown {
@@ -169,6 +175,7 @@ impl Breakdown {
         self.protocol_us
             .saturating_add(self.queue_us)
             .saturating_add(self.engine_us)
+            .saturating_add(self.device_us)
     }
 }
 
@@ -201,6 +208,7 @@ impl Metrics {
         p.protocol_us.fetch_add(b.protocol_us, Ordering::Relaxed);
         p.queue_us.fetch_add(b.queue_us, Ordering::Relaxed);
         p.engine_us.fetch_add(b.engine_us, Ordering::Relaxed);
+        p.device_us.fetch_add(b.device_us, Ordering::Relaxed);
         p.requests.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -224,6 +232,7 @@ impl Metrics {
             protocol_us: p.protocol_us.load(Ordering::Relaxed),
             queue_us: p.queue_us.load(Ordering::Relaxed),
             engine_us: p.engine_us.load(Ordering::Relaxed),
+            device_us: p.device_us.load(Ordering::Relaxed),
             requests: p.requests.load(Ordering::Relaxed),
         }
     }
@@ -259,7 +268,8 @@ mod tests {
                 Breakdown {
                     protocol_us: 1,
                     queue_us: 1,
-                    engine_us: 8,
+                    engine_us: 6,
+                    device_us: 2,
                 },
             );
         }
@@ -286,7 +296,8 @@ mod tests {
         let p = m.phases();
         assert_eq!(p.requests, 101);
         assert_eq!(p.protocol_us, 98);
-        assert_eq!(p.engine_us, 98 * 8 + 103_000);
+        assert_eq!(p.engine_us, 98 * 6 + 103_000);
+        assert_eq!(p.device_us, 98 * 2);
         assert_eq!(HistogramSnapshot::default().quantile_us(0.5), 0);
     }
 }

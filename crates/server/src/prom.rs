@@ -20,12 +20,13 @@ pub fn render(
         &mut out,
         "lightstore_request_phase_seconds_total",
         "counter",
-        "Time spent by requests per phase (device I/O is included in engine).",
+        "Time spent by requests per phase (engine excludes device I/O).",
     );
     for (phase, us) in [
         ("protocol", phases.protocol_us),
         ("queue", phases.queue_us),
         ("engine", phases.engine_us),
+        ("device", phases.device_us),
     ] {
         let _ = writeln!(
             out,

@@ -1,7 +1,7 @@
 //! The slow-request log: a request (or pipelined batch) whose time in the
 //! node reached `slowlog_ms` is logged at WARN with its phase breakdown, so
-//! an operator sees whether protocol work, executor queueing or the engine
-//! made it slow.
+//! an operator sees whether protocol work, executor queueing, the engine or
+//! the device made it slow.
 
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub fn check(
         protocol_us = phases.protocol_us,
         queue_us = phases.queue_us,
         engine_us = phases.engine_us,
-        device_us = "not separated (included in engine_us)",
+        device_us = phases.device_us,
         "slow request"
     );
     true

@@ -1,0 +1,233 @@
+//! The client side of RESP: encoding requests and decoding replies.
+//!
+//! [`decode_reply`] parses one reply from the front of a buffer, or reports
+//! that more bytes are needed. It accepts RESP2 and RESP3 types and bounds
+//! every length and the nesting depth, so a misbehaving server cannot make a
+//! client allocate without limit or recurse without end.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::Reply;
+
+/// Largest bulk string a reply may carry (Redis's own ceiling, 512 MiB).
+pub const MAX_REPLY_BULK: usize = 512 << 20;
+/// Largest number of elements of one aggregate reply.
+pub const MAX_REPLY_ELEMENTS: usize = 1 << 24;
+/// Deepest nesting of aggregate replies.
+pub const MAX_REPLY_DEPTH: usize = 32;
+
+/// A reply the client cannot parse; the connection must be dropped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed reply: {0}")]
+pub struct ReplyError(pub String);
+
+/// Appends `args` as a RESP multibulk request to `out`.
+pub fn encode_request<A: AsRef<[u8]>>(args: &[A], out: &mut BytesMut) {
+    out.put_u8(b'*');
+    put_decimal(out, args.len() as i64);
+    for a in args {
+        let a = a.as_ref();
+        out.reserve(a.len() + 16);
+        out.put_u8(b'$');
+        put_decimal(out, a.len() as i64);
+        out.put_slice(a);
+        out.put_slice(b"\r\n");
+    }
+}
+
+fn put_decimal(out: &mut BytesMut, n: i64) {
+    out.put_slice(n.to_string().as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+/// Decodes one reply from the front of `buf`: `Ok(Some((reply, consumed)))`,
+/// `Ok(None)` when `buf` holds only part of a reply, or an error when the
+/// bytes are not RESP. Bulk strings are sliced out of `buf` without copying.
+pub fn decode_reply(buf: &Bytes) -> Result<Option<(Reply, usize)>, ReplyError> {
+    let mut pos = 0;
+    match parse(buf, &mut pos, 0)? {
+        Some(r) => Ok(Some((r, pos))),
+        None => Ok(None),
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ReplyError {
+    ReplyError(msg.into())
+}
+
+/// The line starting at `*pos` (without CRLF), advancing past it.
+fn line<'a>(buf: &'a [u8], pos: &mut usize) -> Result<Option<&'a [u8]>, ReplyError> {
+    let rest = &buf[*pos..];
+    match rest.windows(2).position(|w| w == b"\r\n") {
+        Some(i) => {
+            *pos += i + 2;
+            Ok(Some(&rest[..i]))
+        }
+        None if rest.len() > 64 * 1024 => Err(bad("line without CRLF")),
+        None => Ok(None),
+    }
+}
+
+fn number(text: &[u8]) -> Result<i64, ReplyError> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad(format!("bad number {:?}", String::from_utf8_lossy(text))))
+}
+
+fn text(t: &[u8]) -> String {
+    String::from_utf8_lossy(t).into_owned()
+}
+
+fn parse(buf: &Bytes, pos: &mut usize, depth: usize) -> Result<Option<Reply>, ReplyError> {
+    if depth > MAX_REPLY_DEPTH {
+        return Err(bad("replies nested too deeply"));
+    }
+    let Some(&tag) = buf.get(*pos) else {
+        return Ok(None);
+    };
+    let start = *pos;
+    *pos += 1;
+    let Some(head) = line(buf, pos)? else {
+        *pos = start;
+        return Ok(None);
+    };
+    let reply = match tag {
+        b'+' => Reply::Status(text(head)),
+        b'-' => Reply::Error(text(head)),
+        b':' => Reply::Integer(number(head)?),
+        b'(' => Reply::Status(text(head)),
+        b',' => Reply::Double(
+            std::str::from_utf8(head)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| bad("bad double"))?,
+        ),
+        b'#' => Reply::Integer(i64::from(head == b"t")),
+        b'_' => Reply::Null,
+        b'$' | b'=' | b'!' => {
+            let n = number(head)?;
+            if n == -1 && tag == b'$' {
+                return Ok(Some(Reply::Null));
+            }
+            let n = usize::try_from(n).map_err(|_| bad("negative bulk length"))?;
+            if n > MAX_REPLY_BULK {
+                return Err(bad(format!("bulk of {n} bytes is over the limit")));
+            }
+            if buf.len() < *pos + n + 2 {
+                *pos = start;
+                return Ok(None);
+            }
+            if &buf[*pos + n..*pos + n + 2] != b"\r\n" {
+                return Err(bad("bulk string not terminated by CRLF"));
+            }
+            let body = buf.slice(*pos..*pos + n);
+            *pos += n + 2;
+            match tag {
+                b'$' => Reply::Bulk(body),
+                b'!' => Reply::Error(text(&body)),
+                // Verbatim text starts with a 3-letter format and ':'.
+                _ => Reply::Verbatim(text(body.get(4..).unwrap_or_default())),
+            }
+        }
+        b'*' | b'~' | b'>' | b'%' => {
+            let n = number(head)?;
+            if n == -1 && tag == b'*' {
+                return Ok(Some(Reply::NullArray));
+            }
+            let n = usize::try_from(n).map_err(|_| bad("negative aggregate length"))?;
+            let items = if tag == b'%' { n.saturating_mul(2) } else { n };
+            if items > MAX_REPLY_ELEMENTS {
+                return Err(bad(format!(
+                    "aggregate of {items} elements is over the limit"
+                )));
+            }
+            let mut out = Vec::with_capacity(items.min(1024));
+            for _ in 0..items {
+                match parse(buf, pos, depth + 1)? {
+                    Some(r) => out.push(r),
+                    None => {
+                        *pos = start;
+                        return Ok(None);
+                    }
+                }
+            }
+            if tag == b'%' {
+                let mut pairs = Vec::with_capacity(n);
+                let mut it = out.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    pairs.push((k, v));
+                }
+                Reply::Map(pairs)
+            } else {
+                Reply::Array(out)
+            }
+        }
+        other => return Err(bad(format!("unknown reply type byte 0x{other:02x}"))),
+    };
+    Ok(Some(reply))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RespVersion;
+
+    fn roundtrip(r: Reply, v: RespVersion) -> Reply {
+        let mut out = BytesMut::new();
+        r.encode(v, &mut out);
+        let bytes = out.freeze();
+        let (back, used) = decode_reply(&bytes).expect("valid").expect("complete");
+        assert_eq!(used, bytes.len());
+        for cut in 0..bytes.len() {
+            assert_eq!(decode_reply(&bytes.slice(..cut)), Ok(None), "prefix {cut}");
+        }
+        back
+    }
+
+    #[test]
+    fn decodes_what_the_encoder_writes() {
+        let nested = Reply::Array(vec![
+            Reply::bulk(b"k\r\n\x00"),
+            Reply::Integer(-7),
+            Reply::Null,
+            Reply::Array(vec![Reply::err("boom")]),
+        ]);
+        for v in [RespVersion::V2, RespVersion::V3] {
+            assert_eq!(roundtrip(nested.clone(), v), nested);
+            assert_eq!(roundtrip(Reply::ok(), v), Reply::Status("OK".into()));
+        }
+        let map = Reply::Map(vec![(Reply::bulk(b"a"), Reply::Integer(1))]);
+        assert_eq!(roundtrip(map.clone(), RespVersion::V3), map);
+        assert_eq!(
+            roundtrip(map, RespVersion::V2),
+            Reply::Array(vec![Reply::bulk(b"a"), Reply::Integer(1)])
+        );
+    }
+
+    #[test]
+    fn request_encoding_is_multibulk() {
+        let mut out = BytesMut::new();
+        encode_request(&[&b"SET"[..], b"k", b""], &mut out);
+        assert_eq!(&out[..], b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
+    }
+
+    #[test]
+    fn rejects_garbage_and_oversized_lengths() {
+        for bad in [
+            &b"?x\r\n"[..],
+            b"$-5\r\n",
+            b":12a\r\n",
+            b"$99999999999\r\n",
+            b"*99999999999\r\n",
+            b"$1\r\nab\r\n",
+        ] {
+            assert!(
+                decode_reply(&Bytes::copy_from_slice(bad)).is_err(),
+                "{bad:?}"
+            );
+        }
+        let deep = Bytes::from("*1\r\n".repeat(MAX_REPLY_DEPTH + 2));
+        assert!(decode_reply(&deep).is_err());
+    }
+}
