@@ -1,14 +1,17 @@
 //! `lightstore` — the LightStore command-line tool. Subcommands: `node`
-//! (the node server: one device served over RESP) and `bench` (the paper's
-//! workloads against the engine in-process). Cluster and adapter
-//! subcommands come with their issues.
+//! (the node server: one device served over RESP), `bench` (the paper's
+//! workloads against the engine in-process), `cluster` (status, repair and
+//! key commands through the cluster client) and `up` (a local N-node
+//! cluster). Adapter subcommands come with their issues.
 
 use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod cluster_cmd;
 mod node;
+mod up;
 mod workload;
 
 #[derive(Parser)]
@@ -28,6 +31,10 @@ enum Command {
     Node(node::NodeArgs),
     /// Run a key-value workload against the engine in-process.
     Bench(bench::BenchArgs),
+    /// Talk to a cluster: status, repair, get/set/del/range.
+    Cluster(cluster_cmd::ClusterArgs),
+    /// Start a local N-node cluster and run it until Ctrl-C / SIGTERM.
+    Up(up::UpArgs),
 }
 
 fn main() {
@@ -43,6 +50,8 @@ fn main() {
     let result = match cli.command {
         Command::Node(args) => node::run(args),
         Command::Bench(args) => bench::run(args).map_err(Into::into),
+        Command::Cluster(args) => cluster_cmd::run(args),
+        Command::Up(args) => up::run(args),
     };
     if let Err(e) = result {
         eprintln!("lightstore: {e}");

@@ -121,6 +121,8 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
                 "device_reads_per_get",
                 &format!("{:.3}", s.device_reads_per_get),
             );
+            line("log_bytes", &s.log_bytes);
+            line("log_live_bytes", &s.log_live_bytes);
             line("user_bytes_written", &s.user_bytes_written);
             line("device_bytes_written", &s.device_bytes_written);
             line("dram_index_bytes", &s.dram_index_bytes);

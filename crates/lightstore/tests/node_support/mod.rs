@@ -35,8 +35,17 @@ impl Node {
 
     /// A node on `dir`; `Err(stderr)` if it exits before it is ready.
     pub fn start_in(dir: &Path, extra: &[&str]) -> Result<Node, (Option<i32>, String)> {
+        Node::start_at(dir, "127.0.0.1:0", extra)
+    }
+
+    /// A node on `dir` listening on `listen` (a fixed port survives restarts).
+    pub fn start_at(
+        dir: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> Result<Node, (Option<i32>, String)> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lightstore"))
-            .args(["node", "--listen", "127.0.0.1:0", "--capacity", "1G"])
+            .args(["node", "--listen", listen, "--capacity", "1G"])
             .args(["--threads", "4", "--cache-size", "64M"])
             .arg("--data")
             .arg(dir)
@@ -246,4 +255,12 @@ pub fn read_reply(r: &mut impl BufRead) -> std::io::Result<Resp> {
 pub fn call(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> Resp {
     conn.get_mut().write_all(&encode(args)).expect("write");
     read_reply(conn).expect("reply")
+}
+
+/// A TCP port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }

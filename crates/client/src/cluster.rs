@@ -1,0 +1,256 @@
+//! The cluster handle: nodes with connection pools and health, the ring,
+//! the write-version clock, and fan-out of calls to several nodes at once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use protocol::Reply;
+
+use crate::config::ClusterConfig;
+use crate::conn::Conn;
+use crate::error::{ClientError, Result};
+use crate::ring::Ring;
+
+/// Idle connections kept per node.
+const MAX_IDLE: usize = 64;
+
+/// One node of the cluster as this client sees it.
+pub(crate) struct NodeHandle {
+    pub(crate) addr: String,
+    pool: Mutex<Vec<Conn>>,
+    up: AtomicBool,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: ClusterConfig,
+    pub(crate) nodes: Vec<NodeHandle>,
+    pub(crate) ring: Ring,
+    pub(crate) replicas: usize,
+    clock: AtomicU64,
+}
+
+/// A client of a LightStore cluster. Cheap to share between threads
+/// (`&Cluster` is enough); dropping it stops its background health checks.
+pub struct Cluster {
+    pub(crate) inner: Arc<Inner>,
+    _stop_health: mpsc::Sender<()>,
+}
+
+impl Cluster {
+    /// Builds the client. It does not need any node to be up: nodes that do
+    /// not answer are marked down when first used and retried in the
+    /// background.
+    pub fn connect(config: ClusterConfig) -> Result<Cluster> {
+        config.validate()?;
+        let ring = Ring::new(&config.nodes);
+        let nodes = config
+            .nodes
+            .iter()
+            .map(|addr| NodeHandle {
+                addr: addr.clone(),
+                pool: Mutex::new(Vec::new()),
+                up: AtomicBool::new(true),
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            replicas: config.replica_count(),
+            config,
+            nodes,
+            ring,
+            clock: AtomicU64::new(0),
+        });
+        let (stop, stopped) = mpsc::channel();
+        let weak = Arc::downgrade(&inner);
+        let every = Duration::from_millis(inner.config.retry_interval_ms.max(10));
+        std::thread::Builder::new()
+            .name("ls-health".into())
+            .spawn(move || loop {
+                match stopped.recv_timeout(every) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                match weak.upgrade() {
+                    Some(inner) => inner.retry_down_nodes(),
+                    None => return,
+                }
+            })
+            .map_err(|e| ClientError::Config(format!("cannot start health thread: {e}")))?;
+        Ok(Cluster {
+            inner,
+            _stop_health: stop,
+        })
+    }
+
+    /// The node addresses, in configuration order (node indexes refer to it).
+    pub fn nodes(&self) -> Vec<String> {
+        self.inner.nodes.iter().map(|n| n.addr.clone()).collect()
+    }
+
+    /// Copies kept of each key.
+    pub fn replica_count(&self) -> usize {
+        self.inner.replicas
+    }
+
+    /// Indexes of the nodes holding `key`, primary first.
+    pub fn replicas_of(&self, key: &[u8]) -> Vec<usize> {
+        self.inner.ring.replicas(key, self.inner.replicas)
+    }
+
+    /// Whether node `i` is currently considered up.
+    pub fn is_up(&self, i: usize) -> bool {
+        self.inner.nodes[i].up.load(Ordering::Acquire)
+    }
+
+    /// Sends one command to node `i` (for tools: status, tests).
+    pub fn call_node<A: AsRef<[u8]>>(&self, i: usize, args: &[A]) -> Result<Reply> {
+        self.inner.with_conn(i, |c| c.call(args))
+    }
+
+    /// Checks every node now (instead of waiting for the background retry)
+    /// and returns which are up.
+    pub fn check_nodes(&self) -> Vec<bool> {
+        (0..self.inner.nodes.len())
+            .map(|i| self.inner.with_conn(i, |c| c.call(&[&b"PING"[..]])).is_ok())
+            .collect()
+    }
+}
+
+impl Inner {
+    /// Runs `f` on a pooled connection to node `i`. A node failure marks the
+    /// node down and drops the connection.
+    pub(crate) fn with_conn<T>(
+        &self,
+        i: usize,
+        f: impl FnOnce(&mut Conn) -> Result<T>,
+    ) -> Result<T> {
+        let node = &self.nodes[i];
+        let pooled = node.pool.lock().pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => match self.open(i) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.mark_down(i, &e);
+                    return Err(e);
+                }
+            },
+        };
+        match f(&mut conn) {
+            Ok(v) => {
+                self.mark_up(i);
+                let mut pool = node.pool.lock();
+                if pool.len() < MAX_IDLE {
+                    pool.push(conn);
+                }
+                Ok(v)
+            }
+            Err(e) if e.is_node_failure() => {
+                self.mark_down(i, &e);
+                Err(e)
+            }
+            Err(e) => {
+                node.pool.lock().push(conn);
+                Err(e)
+            }
+        }
+    }
+
+    fn open(&self, i: usize) -> Result<Conn> {
+        let mut c = Conn::open(
+            &self.nodes[i].addr,
+            self.config.connect_timeout(),
+            self.config.password.as_deref(),
+        )?;
+        // A connection is used with the call timeout from here on.
+        c.set_timeout(self.config.timeout());
+        Ok(c)
+    }
+
+    fn mark_down(&self, i: usize, why: &ClientError) {
+        let node = &self.nodes[i];
+        if node.up.swap(false, Ordering::AcqRel) {
+            tracing::warn!(node = %node.addr, error = %why, "node marked down");
+        }
+        node.pool.lock().clear();
+    }
+
+    fn mark_up(&self, i: usize) {
+        let node = &self.nodes[i];
+        if !node.up.swap(true, Ordering::AcqRel) {
+            tracing::info!(node = %node.addr, "node is up again");
+        }
+    }
+
+    pub(crate) fn is_up(&self, i: usize) -> bool {
+        self.nodes[i].up.load(Ordering::Acquire)
+    }
+
+    fn retry_down_nodes(&self) {
+        for i in 0..self.nodes.len() {
+            if !self.is_up(i) {
+                let _ = self.with_conn(i, |c| c.call(&[&b"PING"[..]]));
+            }
+        }
+    }
+
+    /// A new write version: microseconds since the Unix epoch, strictly
+    /// increasing within this client. Clients on different machines rely on
+    /// their clocks being in sync for "last writer wins".
+    pub(crate) fn next_version(&self) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let mut last = self.clock.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(last.saturating_add(1));
+            match self
+                .clock
+                .compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(seen) => last = seen,
+            }
+        }
+    }
+
+    /// The replicas of a key in the order reads should try them: those up
+    /// first (primary first), then those marked down as a last resort.
+    pub(crate) fn read_order(&self, key: &[u8]) -> Vec<usize> {
+        let mut r = self.ring.replicas(key, self.replicas);
+        r.sort_by_key(|&i| !self.is_up(i));
+        r
+    }
+
+    /// Runs `f(node, job)` for every job, jobs for different nodes in
+    /// parallel (one scoped thread per job beyond the first). Results come
+    /// back in job order.
+    pub(crate) fn fan_out<J: Send, T: Send>(
+        &self,
+        jobs: Vec<(usize, J)>,
+        f: impl Fn(usize, J) -> Result<T> + Sync,
+    ) -> Vec<(usize, Result<T>)> {
+        if jobs.len() <= 1 {
+            return jobs.into_iter().map(|(i, j)| (i, f(i, j))).collect();
+        }
+        std::thread::scope(|s| {
+            let mut jobs = jobs.into_iter();
+            let first = jobs.next();
+            let f = &f;
+            let handles: Vec<_> = jobs.map(|(i, j)| (i, s.spawn(move || f(i, j)))).collect();
+            let mut out = Vec::with_capacity(handles.len() + 1);
+            if let Some((i, j)) = first {
+                out.push((i, f(i, j)));
+            }
+            for (i, h) in handles {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(ClientError::Unavailable("a fan-out thread panicked".into()))
+                });
+                out.push((i, r));
+            }
+            out
+        })
+    }
+}

@@ -1,0 +1,194 @@
+//! The cluster description: nodes, replication and timeouts, from a small
+//! TOML file or a `host:port,host:port` list.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{ClientError, Result};
+
+/// How a cluster client places, replicates and times out requests.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Node addresses, `host:port`. A node's address is also its id on the
+    /// hash ring, so every client must list a node the same way.
+    pub nodes: Vec<String>,
+    /// Copies of each key, on distinct nodes. Default: 2 when there are at
+    /// least 2 nodes, else 1.
+    #[serde(default)]
+    pub replicas: Option<usize>,
+    /// Acknowledgements a write needs. Default: every replica that is up
+    /// (replicas known down are skipped and caught up by repair), at least 1.
+    #[serde(default)]
+    pub write_quorum: Option<usize>,
+    /// Timeout of one call to a node, milliseconds (default 2000).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Timeout of opening a connection, milliseconds (default 1000).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// How often a node marked down is tried again, milliseconds (default 500).
+    #[serde(default = "default_retry_ms")]
+    pub retry_interval_ms: u64,
+    /// Password for `AUTH`, when the nodes require one.
+    #[serde(default)]
+    pub password: Option<String>,
+}
+
+fn default_timeout_ms() -> u64 {
+    2000
+}
+fn default_connect_timeout_ms() -> u64 {
+    1000
+}
+fn default_retry_ms() -> u64 {
+    500
+}
+
+impl ClusterConfig {
+    /// A configuration with defaults for these nodes.
+    pub fn new<S: Into<String>>(nodes: impl IntoIterator<Item = S>) -> ClusterConfig {
+        ClusterConfig {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            replicas: None,
+            write_quorum: None,
+            timeout_ms: default_timeout_ms(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+            retry_interval_ms: default_retry_ms(),
+            password: None,
+        }
+    }
+
+    /// Parses a `host:port,host:port,...` list.
+    pub fn from_list(list: &str) -> Result<ClusterConfig> {
+        let cfg = ClusterConfig::new(
+            list.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from),
+        );
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads a TOML file (`nodes = ["127.0.0.1:7400", ...]`, `replicas`,
+    /// `write_quorum`, `timeout_ms`, `connect_timeout_ms`,
+    /// `retry_interval_ms`, `password`).
+    pub fn from_file(path: &Path) -> Result<ClusterConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+        let cfg: ClusterConfig = toml::from_str(&text)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the configuration makes sense.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(ClientError::Config(m));
+        if self.nodes.is_empty() {
+            return bad("the cluster has no nodes".into());
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+            {
+                return bad(format!("node {n:?} is not host:port"));
+            }
+            if self.nodes[..i].contains(n) {
+                return bad(format!("node {n} is listed twice"));
+            }
+        }
+        if self.replicas == Some(0) {
+            return bad("replicas must be at least 1".into());
+        }
+        if let Some(r) = self.replicas {
+            if r > self.nodes.len() {
+                return bad(format!(
+                    "replicas = {r} but the cluster has only {} nodes",
+                    self.nodes.len()
+                ));
+            }
+        }
+        if let Some(q) = self.write_quorum {
+            if q == 0 || q > self.replica_count() {
+                return bad(format!(
+                    "write_quorum = {q} must be between 1 and replicas ({})",
+                    self.replica_count()
+                ));
+            }
+        }
+        if self.timeout_ms == 0 || self.connect_timeout_ms == 0 {
+            return bad("timeouts must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Copies per key after defaults.
+    pub fn replica_count(&self) -> usize {
+        self.replicas
+            .unwrap_or(if self.nodes.len() >= 2 { 2 } else { 1 })
+            .min(self.nodes.len())
+    }
+
+    /// The call timeout.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_validation() {
+        let c = ClusterConfig::from_list("a:1, b:2 ,c:3").expect("valid");
+        assert_eq!(c.nodes, ["a:1", "b:2", "c:3"]);
+        assert_eq!(c.replica_count(), 2);
+        assert_eq!(
+            ClusterConfig::from_list("a:1")
+                .expect("one")
+                .replica_count(),
+            1
+        );
+        for bad in ["", "a", "a:x", ":1", "a:1,a:1"] {
+            assert!(ClusterConfig::from_list(bad).is_err(), "{bad}");
+        }
+        let mut c = ClusterConfig::new(["a:1", "b:2"]);
+        c.replicas = Some(3);
+        assert!(c.validate().is_err());
+        c.replicas = Some(2);
+        c.write_quorum = Some(3);
+        assert!(c.validate().is_err());
+        c.write_quorum = Some(2);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn toml_file() {
+        let dir = std::env::temp_dir().join(format!("ls-client-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let p = dir.join("cluster.toml");
+        std::fs::write(
+            &p,
+            "nodes = [\"h:1\", \"h:2\", \"h:3\"]\nreplicas = 3\nwrite_quorum = 2\n",
+        )
+        .expect("write");
+        let c = ClusterConfig::from_file(&p).expect("parse");
+        assert_eq!((c.replica_count(), c.write_quorum), (3, Some(2)));
+        std::fs::write(&p, "nodes = [\"h:1\"]\nreplica = 3\n").expect("write");
+        assert!(
+            ClusterConfig::from_file(&p).is_err(),
+            "unknown keys are refused"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

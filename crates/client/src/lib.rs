@@ -1,0 +1,27 @@
+//! `client` is the cluster client every LightStore adapter uses. It owns how
+//! keys map to nodes (consistent hashing with virtual nodes and Redis-style
+//! `{hash tags}`, see [`ring`]), replication with a write quorum and
+//! versioned writes (newest version wins, see [`protocol::versioned`]),
+//! failover of reads, down-node detection with background retry, batches
+//! split per node and sent in parallel, ordered range reads merged across
+//! nodes, anti-entropy repair and cluster status. It talks RESP to nodes over
+//! pooled, timed-out TCP connections and knows nothing of the engine.
+
+#![deny(missing_docs)]
+
+mod cluster;
+mod config;
+mod conn;
+mod error;
+mod kv;
+mod range;
+mod repair;
+pub mod ring;
+mod status;
+
+pub use cluster::Cluster;
+pub use config::ClusterConfig;
+pub use conn::Conn;
+pub use error::{ClientError, Result};
+pub use repair::RepairReport;
+pub use status::NodeStatus;

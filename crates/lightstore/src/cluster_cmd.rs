@@ -1,0 +1,157 @@
+//! `lightstore cluster`: talk to a cluster through the cluster client —
+//! status, repair, and single-key get/set/del/range for scripts and demos.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use client::{Cluster, ClusterConfig};
+
+/// Which cluster to talk to.
+#[derive(Args, Debug)]
+pub struct ClusterTarget {
+    /// Node addresses, host:port,host:port,...
+    #[arg(long, conflicts_with = "cluster_config")]
+    nodes: Option<String>,
+    /// Cluster TOML file (nodes = [...], replicas, write_quorum, timeouts).
+    #[arg(long = "cluster-config", value_name = "FILE")]
+    cluster_config: Option<PathBuf>,
+    /// Copies per key (default 2 with at least 2 nodes).
+    #[arg(long)]
+    replicas: Option<usize>,
+}
+
+impl ClusterTarget {
+    /// The configuration these flags describe.
+    pub fn config(&self) -> Result<ClusterConfig, client::ClientError> {
+        let mut cfg = match (&self.nodes, &self.cluster_config) {
+            (Some(list), _) => ClusterConfig::from_list(list)?,
+            (None, Some(path)) => ClusterConfig::from_file(path)?,
+            (None, None) => {
+                return Err(client::ClientError::Config(
+                    "give the cluster with --nodes host:port,... or --cluster-config FILE".into(),
+                ))
+            }
+        };
+        if self.replicas.is_some() {
+            cfg.replicas = self.replicas;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Flags of `lightstore cluster`.
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    #[command(flatten)]
+    target: ClusterTarget,
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Subcommand, Debug)]
+enum Action {
+    /// Show each node: up/down, keys, bytes, engine figures.
+    Status,
+    /// Copy missing or stale replicas so every key's replicas hold its newest version.
+    Repair,
+    /// Store a value.
+    Set { key: String, value: String },
+    /// Print a value (nothing and exit code 1 when missing).
+    Get { key: String },
+    /// Delete a key.
+    Del { key: String },
+    /// Print keys and values with start <= key < end ("" = unbounded), in order.
+    Range {
+        start: String,
+        end: String,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+}
+
+/// Runs `lightstore cluster`.
+pub fn run(args: ClusterArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster = Cluster::connect(args.target.config()?)?;
+    match args.action {
+        Action::Status => print_status(&cluster),
+        Action::Repair => {
+            let r = cluster.repair()?;
+            println!(
+                "repair: {} keys checked, {} copies written, {} misplaced copies left alone",
+                r.keys,
+                r.total_copied(),
+                r.misplaced
+            );
+            for (node, n) in &r.copied {
+                println!("  {node}: {n} copies written");
+            }
+            if !r.unreachable.is_empty() {
+                return Err(format!(
+                    "nodes not repaired (unreachable): {}",
+                    r.unreachable.join(", ")
+                )
+                .into());
+            }
+        }
+        Action::Set { key, value } => {
+            cluster.set(key.as_bytes(), value.as_bytes())?;
+            println!("OK");
+        }
+        Action::Get { key } => match cluster.get(key.as_bytes())? {
+            Some(v) => println!("{}", String::from_utf8_lossy(&v)),
+            None => std::process::exit(1),
+        },
+        Action::Del { key } => {
+            cluster.delete(key.as_bytes())?;
+            println!("OK");
+        }
+        Action::Range { start, end, limit } => {
+            for (k, v) in cluster.range(start.as_bytes(), end.as_bytes(), limit)? {
+                println!(
+                    "{}\t{}",
+                    String::from_utf8_lossy(&k),
+                    String::from_utf8_lossy(&v)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_status(cluster: &Cluster) {
+    println!(
+        "{:<22} {:<5} {:>10} {:>12} {:>6} {:>9} {:>13} {:>10}",
+        "node", "state", "keys", "live bytes", "WA", "reads/GET", "free segments", "DRAM"
+    );
+    let status = cluster.status();
+    for s in &status {
+        if !s.up {
+            println!(
+                "{:<22} {:<5} {}",
+                s.addr,
+                "down",
+                s.error.as_deref().unwrap_or("")
+            );
+            continue;
+        }
+        let keys = format!("{}{}", s.keys, if s.keys_approximate { "+" } else { "" });
+        println!(
+            "{:<22} {:<5} {:>10} {:>12} {:>6.2} {:>9.2} {:>13} {:>10}",
+            s.addr,
+            "up",
+            keys,
+            s.live_bytes,
+            s.write_amplification,
+            s.reads_per_get,
+            format!("{}/{}", s.segments_free, s.segments_total),
+            s.dram_bytes
+        );
+    }
+    let up = status.iter().filter(|s| s.up).count();
+    println!(
+        "{up} of {} nodes up, {} replicas per key",
+        status.len(),
+        cluster.replica_count()
+    );
+}

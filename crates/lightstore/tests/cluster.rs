@@ -1,0 +1,321 @@
+//! The cluster client against real `lightstore node` processes: replica
+//! placement, a node killed with SIGKILL under load (no acknowledged write
+//! lost, every read served), restart and repair, range reads merged across
+//! nodes against an in-memory model, and the `lightstore up` / `cluster`
+//! subcommands.
+
+mod node_support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use client::{Cluster, ClusterConfig};
+use node_support::{free_port, Node};
+use protocol::versioned::Versioned;
+use protocol::Reply;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+struct TestCluster {
+    _tmp: tempfile::TempDir,
+    dirs: Vec<PathBuf>,
+    addrs: Vec<String>,
+    nodes: Vec<Option<Node>>,
+}
+
+impl TestCluster {
+    fn start(n: usize) -> TestCluster {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dirs: Vec<PathBuf> = (0..n)
+            .map(|i| tmp.path().join(format!("node{i}")))
+            .collect();
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let mut c = TestCluster {
+            _tmp: tmp,
+            dirs,
+            addrs,
+            nodes: (0..n).map(|_| None).collect(),
+        };
+        for i in 0..n {
+            c.restart(i);
+        }
+        c
+    }
+
+    fn restart(&mut self, i: usize) {
+        std::fs::create_dir_all(&self.dirs[i]).expect("node dir");
+        let node = Node::start_at(&self.dirs[i], &self.addrs[i], &["--durability", "sync"])
+            .unwrap_or_else(|(code, log)| panic!("node {i} failed ({code:?}):\n{log}"));
+        self.nodes[i] = Some(node);
+    }
+
+    fn kill(&mut self, i: usize) {
+        // Node's drop is SIGKILL + wait.
+        self.nodes[i] = None;
+    }
+
+    fn client(&self) -> Cluster {
+        let mut cfg = ClusterConfig::new(self.addrs.clone());
+        cfg.timeout_ms = 3000;
+        cfg.retry_interval_ms = 100;
+        Cluster::connect(cfg).expect("client")
+    }
+}
+
+/// What node `i` stores for `key`, decoded.
+fn stored(c: &Cluster, i: usize, key: &[u8]) -> Option<Versioned> {
+    match c.call_node(i, &[&b"GET"[..], key]).expect("node GET") {
+        Reply::Bulk(b) => Some(Versioned::decode(b)),
+        _ => None,
+    }
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("key:{i:05}").into_bytes()
+}
+
+#[test]
+fn dead_node_loses_nothing_and_repair_catches_it_up() {
+    let mut tc = TestCluster::start(3);
+    let c = tc.client();
+    assert_eq!(c.replica_count(), 2);
+    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..300)
+        .map(|i| (key(i), format!("v1-{i}").into_bytes()))
+        .collect();
+    for chunk in pairs.chunks(50) {
+        c.mset(chunk).expect("mset");
+    }
+    model.extend(pairs);
+
+    // Each key is on exactly its two replicas, distinct nodes.
+    for k in model.keys() {
+        let r = c.replicas_of(k);
+        assert_eq!(r.len(), 2);
+        assert_ne!(r[0], r[1]);
+        for i in 0..3 {
+            assert_eq!(
+                stored(&c, i, k).is_some(),
+                r.contains(&i),
+                "key {k:?} on node {i}"
+            );
+        }
+    }
+
+    // Kill node 1 with SIGKILL; writes, overwrites and deletes go on.
+    tc.kill(1);
+    for i in 300..500 {
+        c.set(&key(i), format!("v1-{i}").as_bytes())
+            .expect("set while a node is down");
+        model.insert(key(i), format!("v1-{i}").into_bytes());
+    }
+    for i in (0..300).step_by(7) {
+        c.set(&key(i), format!("v2-{i}").as_bytes())
+            .expect("overwrite");
+        model.insert(key(i), format!("v2-{i}").into_bytes());
+    }
+    for i in (1..500).step_by(11) {
+        c.delete(&key(i)).expect("delete");
+        model.remove(&key(i));
+    }
+    assert!(!c.is_up(1), "the dead node is marked down");
+    // Every read succeeds and sees every acknowledged write.
+    let keys: Vec<Vec<u8>> = (0..500).map(key).collect();
+    let got = c.mget(&keys).expect("mget with a node down");
+    for (k, v) in keys.iter().zip(&got) {
+        assert_eq!(v.as_deref(), model.get(k).map(|v| &v[..]), "key {k:?}");
+    }
+    for k in keys.iter().step_by(13) {
+        assert_eq!(
+            c.get(k).expect("get").as_deref(),
+            model.get(k).map(|v| &v[..])
+        );
+    }
+    let all = c.range(b"", b"", 10_000).expect("range with a node down");
+    let want: Vec<(Vec<u8>, Vec<u8>)> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let got: Vec<(Vec<u8>, Vec<u8>)> = all.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+    assert_eq!(got, want);
+
+    // Restart: the node has its old data but misses what happened meanwhile.
+    tc.restart(1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.is_up(1) {
+        assert!(Instant::now() < deadline, "node 1 not marked up again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stale = (0..500)
+        .filter(|&i| c.replicas_of(&key(i)).contains(&1))
+        .filter(|&i| {
+            stored(&c, 1, &key(i)).map(|v| v.value.map(|b| b.to_vec()))
+                != Some(model.get(&key(i)).cloned())
+        })
+        .count();
+    assert!(stale > 50, "node 1 should be behind, {stale} stale keys");
+
+    let report = c.repair().expect("repair");
+    assert!(report.unreachable.is_empty(), "{report:?}");
+    assert_eq!(report.misplaced, 0);
+    assert!(
+        report.total_copied() as usize >= stale,
+        "{report:?} vs {stale} stale"
+    );
+    // Every replica of every key now holds the newest version.
+    for i in 0..500 {
+        let k = key(i);
+        let copies: Vec<Option<Versioned>> = c
+            .replicas_of(&k)
+            .iter()
+            .map(|&n| stored(&c, n, &k))
+            .collect();
+        for v in &copies {
+            let v = v.as_ref().expect("replica has the key or its tombstone");
+            assert_eq!(v.value.as_deref(), model.get(&k).map(|v| &v[..]), "key {i}");
+        }
+        assert_eq!(
+            copies[0].as_ref().map(|v| v.version),
+            copies[1].as_ref().map(|v| v.version)
+        );
+    }
+    let again = c.repair().expect("second repair");
+    assert_eq!(again.total_copied(), 0, "{again:?}");
+}
+
+#[test]
+fn range_reads_merge_like_one_node() {
+    let tc = TestCluster::start(3);
+    let c = tc.client();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    for round in 0..20 {
+        let batch: Vec<(Vec<u8>, Vec<u8>)> = (0..40)
+            .map(|_| {
+                let k = format!("r{:04}", rng.gen_range(0..1000)).into_bytes();
+                (k, format!("val-{round}-{}", rng.gen::<u32>()).into_bytes())
+            })
+            .collect();
+        // Duplicate keys in one MSET: the last one wins, as on one node.
+        let mut dedup: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for (k, v) in &batch {
+            dedup.insert(k.clone(), v.clone());
+        }
+        let batch: Vec<(Vec<u8>, Vec<u8>)> = dedup.into_iter().collect();
+        c.mset(&batch).expect("mset");
+        model.extend(batch);
+        let dels: Vec<Vec<u8>> = (0..10)
+            .map(|_| format!("r{:04}", rng.gen_range(0..1000)).into_bytes())
+            .collect();
+        c.mdelete(&dels).expect("mdelete");
+        for d in &dels {
+            model.remove(d);
+        }
+    }
+    for _ in 0..60 {
+        let a = format!("r{:04}", rng.gen_range(0..1100)).into_bytes();
+        let b = if rng.gen_bool(0.2) {
+            Vec::new()
+        } else {
+            format!("r{:04}", rng.gen_range(0..1100)).into_bytes()
+        };
+        let limit = [0, 1, 5, 37, 200, 5000][rng.gen_range(0..6)];
+        let got = c.range(&a, &b, limit).expect("range");
+        let want: Vec<(&Vec<u8>, &Vec<u8>)> = model
+            .range(a.clone()..)
+            .filter(|(k, _)| b.is_empty() || **k < b)
+            .take(limit)
+            .collect();
+        assert_eq!(got.len(), want.len(), "range {a:?}..{b:?} limit {limit}");
+        for ((gk, gv), (wk, wv)) in got.iter().zip(want) {
+            assert_eq!((&gk[..], &gv[..]), (&wk[..], &wv[..]));
+        }
+    }
+    // A read of a missing key, and binary-safe keys and values.
+    assert_eq!(c.get(b"nope").expect("get"), None);
+    let bin = Bytes::from_static(b"\x00\xff{\r\n}");
+    c.set(&bin, &bin).expect("binary set");
+    assert_eq!(c.get(&bin).expect("binary get"), Some(bin.clone()));
+}
+
+fn lightstore(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_lightstore"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lightstore")
+}
+
+/// `lightstore up` starts a cluster that `lightstore cluster` can use, and
+/// SIGTERM stops every node cleanly.
+#[test]
+fn up_and_cluster_subcommands() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = free_port().saturating_sub(3).max(20_000);
+    let dir = tmp.path().join("c");
+    let mut up = Command::new(env!("CARGO_BIN_EXE_lightstore"))
+        .args([
+            "up",
+            "--nodes",
+            "3",
+            "--capacity",
+            "1G",
+            "--base-port",
+            &base.to_string(),
+        ])
+        .arg("--dir")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn up");
+    let cfg = dir.join("cluster.toml");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cfg.exists() {
+        if let Ok(Some(s)) = up.try_wait() {
+            let out = up.wait_with_output().expect("output");
+            panic!("up exited {s}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert!(Instant::now() < deadline, "cluster not up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cfg_arg = cfg.to_str().expect("utf-8 path");
+    let run = |args: &[&str]| {
+        let mut all = vec!["cluster", "--cluster-config", cfg_arg];
+        all.extend_from_slice(args);
+        lightstore(&all)
+    };
+    assert!(run(&["set", "greeting", "hello"]).status.success());
+    let got = run(&["get", "greeting"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "hello");
+    assert!(!run(&["get", "absent"]).status.success());
+    let status = run(&["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("3 of 3 nodes up"), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.contains(" up ")).count(),
+        3,
+        "{text}"
+    );
+    let repair = run(&["repair"]);
+    assert!(repair.status.success());
+    assert!(String::from_utf8_lossy(&repair.stdout).contains("0 copies written"));
+
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(up.id() as i32, libc::SIGTERM) };
+    let stop = Instant::now();
+    let code = loop {
+        if let Some(s) = up.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(stop.elapsed() < Duration::from_secs(40), "up did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(code.success(), "{code}");
+    let err = String::from_utf8_lossy(&up.wait_with_output().expect("out").stderr).to_string();
+    assert_eq!(err.matches("stopped (exit status: 0)").count(), 3, "{err}");
+    assert!(Path::new(&dir.join("node0/lightstore.dev")).exists());
+}
