@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine: installs what it needs,
 # then checks formatting and lints and runs every test (unit, model, crash,
-# corruption, full-device, GC, the end-to-end `lightstore bench` test, and
-# the `lightstore node` tests with redis-cli, redis-benchmark and redis-py).
+# corruption, full-device, GC, the end-to-end `lightstore bench` test, the
+# `lightstore node` tests with redis-cli, redis-benchmark and redis-py, the
+# cluster tests), then the YCSB binding's tests and the real YCSB client
+# running Load and A-F against a local 3-node cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +16,8 @@ command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v redis-cli >/dev/null || need_apt+=(redis-tools)
 command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
 command -v python3 >/dev/null || need_apt+=(python3)
+command -v javac >/dev/null || need_apt+=(default-jdk-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
 if ! python3 -c 'import redis' >/dev/null 2>&1; then
   need_apt+=(python3-pip python3-venv)
 fi
@@ -42,3 +46,11 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# The YCSB binding: its unit tests (the shared ring vectors among them), then
+# the real YCSB client against a 3-node cluster of the release binary, with
+# every value verified and a read-back pass (CHECK=1 fails on any bad op).
+(cd bindings/ycsb && mvn -q -B package)
+cargo build --release --locked -p lightstore
+RECORDS=10000 OPS=2000 THREADS=8 CHECK=1 DIR="$PWD/target/ycsb-data" \
+  OUT="$PWD/target/ycsb-out" BASE_PORT=17601 bench/ycsb

@@ -28,6 +28,9 @@ use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 /// writers start writing them themselves.
 const MAX_LOG_BACKLOG: usize = 8;
 
+/// Values a range scan reads from the device in one parallel batch.
+const SCAN_READ_BATCH: usize = 256;
+
 /// One operation of an atomic write batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BatchOp {
@@ -535,14 +538,17 @@ impl DbInner {
         for level in &sv.version.levels {
             sources.push(Box::new(LevelIter::new(level.clone(), start, &self.ctx)));
         }
-        let mut out = Vec::new();
+        // Collect the visible entries first, then read their values in
+        // parallel batches: a range of N values costs about N / queue depth
+        // device reads' time, not N.
+        let mut found = Vec::new();
         let mut last_key: Option<Bytes> = None;
         for e in MergeIter::new(sources) {
             let e = e?;
             if !end.is_empty() && e.key.as_ref() >= end {
                 break;
             }
-            if out.len() >= limit {
+            if found.len() >= limit {
                 break;
             }
             if e.seq > seq || last_key.as_ref() == Some(&e.key) {
@@ -550,9 +556,19 @@ impl DbInner {
             }
             last_key = Some(e.key.clone());
             if e.kind == Kind::Put {
-                let (v, _) = self.vlog.read_value(e.ptr, &e.key, e.seq)?;
-                out.push((e.key, v));
+                found.push(e);
             }
+        }
+        let mut out = Vec::with_capacity(found.len());
+        for chunk in found.chunks(SCAN_READ_BATCH) {
+            let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..], e.seq)).collect();
+            let values = self.vlog.read_values(&reqs)?;
+            out.extend(
+                chunk
+                    .iter()
+                    .zip(values)
+                    .map(|(e, (v, _))| (e.key.clone(), v)),
+            );
         }
         Ok(out)
     }

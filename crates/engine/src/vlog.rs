@@ -139,6 +139,10 @@ pub struct ValueLog {
 /// Chunk buffers kept for reuse at most.
 const FREE_BUFS: usize = 8;
 
+/// Largest single device read that batched value reads merge neighbouring
+/// records into.
+const MAX_MERGED_READ: u64 = 256 * 1024;
+
 /// Largest record the log accepts (must fit in one segment with its framing).
 pub fn max_record_len(seg_bytes: u64, page: usize) -> usize {
     (seg_bytes as usize).saturating_sub(4 * page + LINK_RECORD_LEN)
@@ -586,13 +590,38 @@ impl ValueLog {
     pub fn read_values(&self, reqs: &[(ValuePtr, &[u8], SeqNo)]) -> Result<Vec<(Bytes, bool)>> {
         let mut out: Vec<Option<(Bytes, bool)>> = vec![None; reqs.len()];
         let mut device: Vec<(usize, u64, u64, u64)> = Vec::new(); // (i, epoch, start, end)
-        for (i, (ptr, key, seq)) in reqs.iter().enumerate() {
+        let mut recent = Vec::new(); // (i, epoch): segments still partly in memory
+        for (i, (ptr, _, _)) in reqs.iter().enumerate() {
             let epoch = self.epoch_of(*ptr)?;
             if epoch < self.on_device_below.load(Ordering::Acquire) {
                 let start = u64::from(ptr.offset);
                 device.push((i, epoch, start, start + u64::from(ptr.len)));
             } else {
-                out[i] = Some(self.read_value(*ptr, key, *seq)?);
+                recent.push((i, epoch));
+            }
+        }
+        if !recent.is_empty() {
+            // A record of a recent segment that ends before the segment's
+            // in-memory tail is already on the device: batch it too.
+            let mut from_memory = Vec::new();
+            {
+                let inner = self.inner.lock();
+                for (i, epoch) in recent {
+                    let ptr = reqs[i].0;
+                    let (start, end) = (
+                        u64::from(ptr.offset),
+                        u64::from(ptr.offset) + u64::from(ptr.len),
+                    );
+                    if end <= Self::memory_tail_start(&inner, ptr.seg) && end <= self.seg_bytes {
+                        device.push((i, epoch, start, end));
+                    } else {
+                        from_memory.push(i);
+                    }
+                }
+            }
+            for i in from_memory {
+                let (ptr, key, seq) = reqs[i];
+                out[i] = Some(self.read_value(ptr, key, seq)?);
             }
         }
         if device.len() == 1 {
@@ -600,32 +629,60 @@ impl ValueLog {
             let (ptr, key, seq) = reqs[i];
             out[i] = Some(self.read_value(ptr, key, seq)?);
         } else if !device.is_empty() {
+            // Records next to each other on the device (a record's fields
+            // written together, a range read in write order) share one read.
             let align = READ_ALIGN as u64;
-            let mut bufs: Vec<AlignedBuf> = device
+            device.sort_by_key(|&(i, _, s, _)| (reqs[i].0.seg, s));
+            let mut extents: Vec<(SegmentId, u64, u64, Vec<usize>)> = Vec::new(); // seg, a, z, members
+            for (d, &(i, _, s, e)) in device.iter().enumerate() {
+                let seg = reqs[i].0.seg;
+                let (a, z) = (s / align * align, e.div_ceil(align) * align);
+                match extents.last_mut() {
+                    Some((xs, xa, xz, members))
+                        if *xs == seg && a <= *xz && z.max(*xz) - *xa <= MAX_MERGED_READ =>
+                    {
+                        *xz = z.max(*xz);
+                        members.push(d);
+                    }
+                    _ => extents.push((seg, a, z, vec![d])),
+                }
+            }
+            let mut bufs: Vec<AlignedBuf> = extents
                 .iter()
-                .map(|&(_, _, s, e)| {
-                    AlignedBuf::new_zeroed((e.div_ceil(align) * align - s / align * align) as usize)
-                })
+                .map(|(_, a, z, _)| AlignedBuf::new_zeroed((z - a) as usize))
                 .collect();
             {
-                let mut batch: Vec<(SegmentId, u64, &mut [u8])> = device
+                let mut batch: Vec<(SegmentId, u64, &mut [u8])> = extents
                     .iter()
                     .zip(bufs.iter_mut())
-                    .map(|(&(i, _, s, e), b)| {
-                        let (a, z) = (s / align * align, e.div_ceil(align) * align);
-                        (reqs[i].0.seg, a, &mut b[..(z - a) as usize])
-                    })
+                    .map(|((seg, a, _, _), b)| (*seg, *a, &mut b[..]))
                     .collect();
                 self.flash.read_many(&mut batch)?;
             }
-            for (&(i, epoch, s, e), buf) in device.iter().zip(bufs) {
-                let at = (s - s / align * align) as usize;
-                let raw = buf[at..at + (e - s) as usize].to_vec();
-                let (ptr, key, seq) = reqs[i];
-                out[i] = Some((Self::value_of(raw, ptr, epoch, key, seq)?, true));
+            for ((_, a, _, members), buf) in extents.iter().zip(&bufs) {
+                for &d in members {
+                    let (i, epoch, s, e) = device[d];
+                    let raw = buf[(s - a) as usize..(e - a) as usize].to_vec();
+                    let (ptr, key, seq) = reqs[i];
+                    out[i] = Some((Self::value_of(raw, ptr, epoch, key, seq)?, true));
+                }
             }
         }
         Ok(out.into_iter().map(|v| v.unwrap_or_default()).collect())
+    }
+
+    /// Where the part of segment `seg` still held in memory (sealed chunks
+    /// waiting to be written, then the open buffer) begins; everything
+    /// before it is on the device. `u64::MAX` when none of it is in memory.
+    fn memory_tail_start(inner: &Inner, seg: SegmentId) -> u64 {
+        inner
+            .pending
+            .iter()
+            .filter(|c| c.seg == seg)
+            .map(|c| c.offset)
+            .chain((inner.seg == seg).then_some(inner.buf_offset))
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// Verifies the record bytes read for `ptr` and returns its value.

@@ -1,0 +1,374 @@
+package io.lightstore.ycsb;
+
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicLong;
+import redis.clients.jedis.DefaultJedisClientConfig;
+import redis.clients.jedis.HostAndPort;
+import redis.clients.jedis.Jedis;
+import redis.clients.jedis.commands.ProtocolCommand;
+import redis.clients.jedis.exceptions.JedisConnectionException;
+import redis.clients.jedis.exceptions.JedisDataException;
+
+/**
+ * A LightStore cluster as the Rust cluster client sees it (crates/client):
+ * the same ring, replicas on distinct nodes, versioned writes with VSET/VDEL
+ * that succeed when the write quorum acknowledges (default: every replica
+ * that is up, at least one), reads from the first healthy replica with
+ * failover, and range reads merged across all nodes. One instance per YCSB
+ * thread: its connections are not shared.
+ */
+public final class ClusterClient implements AutoCloseable {
+  /** A node did not answer or the connection broke. */
+  static final class NodeDown extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    NodeDown(String node, Throwable cause) {
+      super("node " + node + ": " + cause.getMessage(), cause);
+    }
+  }
+
+  /** A request the cluster could not serve. */
+  public static final class ClusterException extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    ClusterException(String msg) {
+      super(msg);
+    }
+  }
+
+  private enum Cmd implements ProtocolCommand {
+    VSET, VDEL, MGET, RANGE, PING;
+
+    private final byte[] raw = name().getBytes(StandardCharsets.US_ASCII);
+
+    @Override
+    public byte[] getRaw() {
+      return raw;
+    }
+  }
+
+  private static final ExecutorService FANOUT = Executors.newCachedThreadPool(r -> {
+    Thread t = new Thread(r, "lightstore-fanout");
+    t.setDaemon(true);
+    return t;
+  });
+  private static final AtomicLong CLOCK = new AtomicLong();
+  private static final int MAX_PAGE = 1000;
+
+  private final List<String> nodes;
+  private final Ring ring;
+  private final int replicas;
+  private final int writeQuorum;
+  private final int timeoutMs;
+  private final long retryMs;
+  private final String password;
+  private final Jedis[] conns;
+  private final long[] downUntil;
+
+  /**
+   * A client of these nodes ("host:port"); {@code replicas} 0 means the default
+   * (2 with at least 2 nodes), {@code writeQuorum} 0 means every replica that is up.
+   */
+  public ClusterClient(List<String> nodes, int replicas, int writeQuorum, int timeoutMs,
+      String password) {
+    if (nodes.isEmpty()) {
+      throw new IllegalArgumentException("the cluster has no nodes");
+    }
+    this.nodes = List.copyOf(nodes);
+    this.ring = new Ring(this.nodes);
+    int r = replicas > 0 ? replicas : (nodes.size() >= 2 ? 2 : 1);
+    this.replicas = Math.min(r, nodes.size());
+    this.writeQuorum = writeQuorum;
+    this.timeoutMs = timeoutMs;
+    this.retryMs = 500;
+    this.password = password;
+    this.conns = new Jedis[nodes.size()];
+    this.downUntil = new long[nodes.size()];
+  }
+
+  /** A new write version: microseconds since the epoch, increasing in this JVM. */
+  static long nextVersion() {
+    long now = System.currentTimeMillis() * 1000;
+    return CLOCK.updateAndGet(last -> Math.max(now, last + 1));
+  }
+
+  /** Replicas of a key, primary first. */
+  public int[] replicasOf(byte[] key) {
+    return ring.replicas(key, replicas);
+  }
+
+  private boolean isUp(int node) {
+    return System.currentTimeMillis() >= downUntil[node];
+  }
+
+  private Object call(int node, Cmd cmd, byte[]... args) throws NodeDown {
+    try {
+      if (conns[node] == null) {
+        String addr = nodes.get(node);
+        int colon = addr.lastIndexOf(':');
+        HostAndPort hp = new HostAndPort(addr.substring(0, colon),
+            Integer.parseInt(addr.substring(colon + 1)));
+        DefaultJedisClientConfig.Builder cfg = DefaultJedisClientConfig.builder()
+            .connectionTimeoutMillis(timeoutMs).socketTimeoutMillis(timeoutMs);
+        if (password != null) {
+          cfg.password(password);
+        }
+        conns[node] = new Jedis(hp, cfg.build());
+      }
+      Object reply = conns[node].sendCommand(cmd, args);
+      downUntil[node] = 0;
+      return reply;
+    } catch (JedisConnectionException e) {
+      closeConn(node);
+      downUntil[node] = System.currentTimeMillis() + retryMs;
+      throw new NodeDown(nodes.get(node), e);
+    }
+  }
+
+  private void closeConn(int node) {
+    Jedis j = conns[node];
+    conns[node] = null;
+    if (j != null) {
+      try {
+        j.close();
+      } catch (RuntimeException ignored) {
+        // The connection is already broken.
+      }
+    }
+  }
+
+  /**
+   * Writes keys that share one placement (one record's fields): {@code values[i]}
+   * null deletes {@code keys[i]}. One VSET (and one VDEL) per replica, replicas in
+   * parallel.
+   */
+  public void write(List<byte[]> keys, List<byte[]> values) throws ClusterException {
+    if (keys.isEmpty()) {
+      return;
+    }
+    byte[] version = Long.toUnsignedString(nextVersion()).getBytes(StandardCharsets.US_ASCII);
+    List<byte[]> vset = new ArrayList<>();
+    List<byte[]> vdel = new ArrayList<>();
+    for (int i = 0; i < keys.size(); i++) {
+      if (values.get(i) == null) {
+        vdel.add(keys.get(i));
+        vdel.add(version);
+      } else {
+        vset.add(keys.get(i));
+        vset.add(version);
+        vset.add(values.get(i));
+      }
+    }
+    int[] all = replicasOf(keys.get(0));
+    int[] targets = Arrays.stream(all).filter(this::isUp).toArray();
+    if (targets.length == 0) {
+      targets = all;
+    }
+    List<Future<String>> futures = new ArrayList<>();
+    for (int t = 1; t < targets.length; t++) {
+      int node = targets[t];
+      futures.add(FANOUT.submit(() -> writeOne(node, vset, vdel)));
+    }
+    List<String> outcomes = new ArrayList<>();
+    outcomes.add(writeOne(targets[0], vset, vdel));
+    for (Future<String> f : futures) {
+      try {
+        outcomes.add(f.get());
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new ClusterException("interrupted");
+      } catch (ExecutionException e) {
+        outcomes.add("refused: " + e.getCause());
+      }
+    }
+    int acked = 0;
+    String refused = null;
+    String last = null;
+    for (String o : outcomes) {
+      if (o == null) {
+        acked++;
+      } else if (o.startsWith("refused: ")) {
+        refused = o;
+      } else {
+        last = o;
+      }
+    }
+    int needed = writeQuorum > 0 ? Math.min(writeQuorum, all.length) : 1;
+    if (acked < needed || (writeQuorum == 0 && refused != null)) {
+      throw new ClusterException("write reached " + acked + " replicas, needs " + needed + ": "
+          + (refused != null ? refused : last));
+    }
+  }
+
+  /** null when the node took the write, else why not ("refused: ..." for error replies). */
+  private String writeOne(int node, List<byte[]> vset, List<byte[]> vdel) {
+    try {
+      if (!vset.isEmpty()) {
+        call(node, Cmd.VSET, vset.toArray(new byte[0][]));
+      }
+      if (!vdel.isEmpty()) {
+        call(node, Cmd.VDEL, vdel.toArray(new byte[0][]));
+      }
+      return null;
+    } catch (NodeDown e) {
+      return e.getMessage();
+    } catch (JedisDataException e) {
+      return "refused: node " + nodes.get(node) + ": " + e.getMessage();
+    }
+  }
+
+  /**
+   * Reads keys that share one placement with one MGET on the first healthy
+   * replica, failing over to the next. Missing and deleted keys read as null.
+   */
+  public List<byte[]> mget(List<byte[]> keys) throws ClusterException {
+    int[] order = replicasOf(keys.get(0));
+    Integer[] sorted = Arrays.stream(order).boxed().toArray(Integer[]::new);
+    Arrays.sort(sorted, (a, b) -> Boolean.compare(!isUp(a), !isUp(b)));
+    String last = "no replica";
+    for (int node : sorted) {
+      try {
+        Object reply = call(node, Cmd.MGET, keys.toArray(new byte[0][]));
+        List<byte[]> out = new ArrayList<>(keys.size());
+        for (Object o : (List<?>) reply) {
+          out.add(o instanceof byte[] b ? Versioned.decode(b).value : null);
+        }
+        return out;
+      } catch (NodeDown e) {
+        last = e.getMessage();
+      } catch (JedisDataException e) {
+        throw new ClusterException("node " + nodes.get(node) + ": " + e.getMessage());
+      }
+    }
+    throw new ClusterException("every replica failed: " + last);
+  }
+
+  /** One node's pages of a range. */
+  private static final class Cursor {
+    final int node;
+    byte[] next;
+    final ArrayDeque<byte[][]> buf = new ArrayDeque<>();
+    boolean done;
+
+    Cursor(int node, byte[] start) {
+      this.node = node;
+      this.next = start;
+    }
+  }
+
+  /**
+   * Up to {@code limit} pairs with start <= key < end (empty end: unbounded), in
+   * key order over the whole cluster: every node is paged, copies of a key
+   * collapse to the newest version, deletions are dropped.
+   */
+  public List<byte[][]> range(byte[] start, byte[] end, int limit) throws ClusterException {
+    List<Cursor> cursors = new ArrayList<>();
+    for (int i = 0; i < nodes.size(); i++) {
+      if (isUp(i)) {
+        cursors.add(new Cursor(i, start));
+      }
+    }
+    int down = nodes.size() - cursors.size();
+    int page = Math.max(1, Math.min(MAX_PAGE, limit * replicas / Math.max(1, cursors.size()) + limit / 4 + 8));
+    byte[] pageText = Integer.toString(page).getBytes(StandardCharsets.US_ASCII);
+    List<byte[][]> out = new ArrayList<>();
+    while (out.size() < limit) {
+      // Refill every dry cursor, nodes in parallel.
+      List<Cursor> dry = new ArrayList<>();
+      for (Cursor cur : cursors) {
+        if (cur.buf.isEmpty() && !cur.done) {
+          dry.add(cur);
+        }
+      }
+      List<Future<Object>> pages = new ArrayList<>();
+      for (int i = 1; i < dry.size(); i++) {
+        Cursor cur = dry.get(i);
+        pages.add(FANOUT.submit(() -> fetchPage(cur, end, pageText)));
+      }
+      List<Object> results = new ArrayList<>();
+      if (!dry.isEmpty()) {
+        results.add(fetchPage(dry.get(0), end, pageText));
+      }
+      for (Future<Object> f : pages) {
+        try {
+          results.add(f.get());
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          throw new ClusterException("interrupted");
+        } catch (ExecutionException e) {
+          results.add(e.getCause());
+        }
+      }
+      for (int i = 0; i < dry.size(); i++) {
+        Cursor cur = dry.get(i);
+        Object r = results.get(i);
+        if (r instanceof NodeDown) {
+          cursors.remove(cur);
+          down++;
+        } else if (r instanceof Throwable t) {
+          throw new ClusterException("node " + nodes.get(cur.node) + ": " + t.getMessage());
+        } else {
+          List<?> items = (List<?>) r;
+          for (int k = 0; k + 1 < items.size(); k += 2) {
+            cur.buf.add(new byte[][] {(byte[]) items.get(k), (byte[]) items.get(k + 1)});
+          }
+          cur.done = items.size() / 2 < page;
+          if (!cur.buf.isEmpty()) {
+            byte[] lastKey = cur.buf.peekLast()[0];
+            cur.next = Arrays.copyOf(lastKey, lastKey.length + 1);
+          }
+        }
+      }
+      if (down >= replicas) {
+        throw new ClusterException(down + " nodes are down; some keys may have no copy");
+      }
+      byte[] min = null;
+      for (Cursor cur : cursors) {
+        if (!cur.buf.isEmpty() && (min == null || Arrays.compareUnsigned(cur.buf.peekFirst()[0], min) < 0)) {
+          min = cur.buf.peekFirst()[0];
+        }
+      }
+      if (min == null) {
+        break;
+      }
+      Versioned best = null;
+      for (Cursor cur : cursors) {
+        if (!cur.buf.isEmpty() && Arrays.equals(cur.buf.peekFirst()[0], min)) {
+          Versioned v = Versioned.decode(cur.buf.pollFirst()[1]);
+          if (best == null || Long.compareUnsigned(v.version, best.version) > 0) {
+            best = v;
+          }
+        }
+      }
+      if (best != null && best.value != null) {
+        out.add(new byte[][] {min, best.value});
+      }
+    }
+    return out;
+  }
+
+  /** One RANGE page of a cursor: the reply list, or the exception it raised. */
+  private Object fetchPage(Cursor cur, byte[] end, byte[] pageText) {
+    try {
+      return call(cur.node, Cmd.RANGE, cur.next, end,
+          "LIMIT".getBytes(StandardCharsets.US_ASCII), pageText);
+    } catch (NodeDown | RuntimeException e) {
+      return e;
+    }
+  }
+
+  @Override
+  public void close() {
+    for (int i = 0; i < conns.length; i++) {
+      closeConn(i);
+    }
+  }
+}
