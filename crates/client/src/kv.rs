@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use protocol::versioned::Versioned;
+use protocol::versioned::{encode_tombstone, encode_value, Versioned};
 use protocol::Reply;
 
 use crate::cluster::{Cluster, Inner};
@@ -120,6 +120,8 @@ impl Inner {
         let version_text = version.to_string();
         let mut per_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         let mut replica_counts = Vec::with_capacity(entries.len());
+        // Replicas known down: they get the write later, as a hint.
+        let mut skipped: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (e, (key, _)) in entries.iter().enumerate() {
             let replicas = self.ring.replicas(key, self.replicas);
             let up: Vec<usize> = replicas
@@ -129,11 +131,24 @@ impl Inner {
                 .collect();
             // With every replica marked down, try them all anyway.
             let targets = if up.is_empty() { replicas.clone() } else { up };
+            for &r in &replicas {
+                if !targets.contains(&r) {
+                    skipped.entry(r).or_default().push(e);
+                }
+            }
             replica_counts.push(replicas.len());
             for t in targets {
                 per_node.entry(t).or_default().push(e);
             }
         }
+        let stored = |e: usize| -> (Bytes, Bytes) {
+            let (key, value) = entries[e];
+            let bytes = match value {
+                Some(v) => encode_value(version, v),
+                None => encode_tombstone(version),
+            };
+            (Bytes::copy_from_slice(key), bytes)
+        };
         let jobs: Vec<(usize, Vec<usize>)> = per_node.into_iter().collect();
         let groups: Vec<Vec<usize>> = jobs.iter().map(|(_, idx)| idx.clone()).collect();
         let results = self.fan_out(jobs, |node, idx| {
@@ -159,7 +174,15 @@ impl Inner {
                 last: None,
             })
             .collect();
-        for ((_, r), idx) in results.into_iter().zip(groups) {
+        for (node, idx) in &skipped {
+            self.add_hints(*node, idx.iter().map(|&e| stored(e)));
+        }
+        for ((node, r), idx) in results.into_iter().zip(groups) {
+            if matches!(&r, Err(err) if err.is_node_failure()) {
+                // The node failed mid-write: it may or may not have the
+                // write; replaying it is harmless (versions only move forward).
+                self.add_hints(node, idx.iter().map(|&e| stored(e)));
+            }
             for e in idx {
                 let s = &mut state[e];
                 match &r {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use protocol::versioned::version_of;
 
-use crate::cluster::{Cluster, Inner};
+use crate::cluster::{send_stored, Cluster, Inner};
 use crate::error::Result;
 use crate::range::{newest, Merger};
 
@@ -99,6 +99,9 @@ impl Inner {
                 report.unreachable.push(addr);
             }
         }
+        if report.unreachable.is_empty() {
+            self.clear_stale();
+        }
         Ok(report)
     }
 
@@ -107,22 +110,13 @@ impl Inner {
         if batch.args.is_empty() {
             return;
         }
-        let n = batch.args.len() as u64 / 2;
-        let mut vset: Vec<Bytes> = vec![Bytes::from_static(b"VSET")];
-        let mut vdel: Vec<Bytes> = vec![Bytes::from_static(b"VDEL")];
-        for kv in batch.args.chunks_exact(2) {
-            let stored = protocol::versioned::Versioned::decode(kv[1].clone());
-            let version = Bytes::from(stored.version.to_string());
-            match stored.value {
-                Some(v) => vset.extend([kv[0].clone(), version, v]),
-                None => vdel.extend([kv[0].clone(), version]),
-            }
-        }
-        let reqs: Vec<Vec<Bytes>> = [vset, vdel].into_iter().filter(|r| r.len() > 1).collect();
-        let sent = self.with_conn(node, |c| {
-            let replies = c.pipeline(&reqs)?;
-            replies.into_iter().try_for_each(|r| c.check(r).map(drop))
-        });
+        let copies: Vec<(Bytes, Bytes)> = batch
+            .args
+            .chunks_exact(2)
+            .map(|kv| (kv[0].clone(), kv[1].clone()))
+            .collect();
+        let n = copies.len() as u64;
+        let sent = self.with_conn(node, |c| send_stored(c, &copies));
         let addr = self.nodes[node].addr.clone();
         match sent {
             Ok(()) => *report.copied.entry(addr).or_default() += n,

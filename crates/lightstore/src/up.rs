@@ -34,6 +34,10 @@ pub struct UpArgs {
     /// Keytable cache of each node, e.g. 64M.
     #[arg(long)]
     cache_size: Option<String>,
+    /// Executor threads of each node (fewer than a lone node's 16: the
+    /// nodes share this machine).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
 }
 
 /// How long nodes get to start and to stop.
@@ -135,6 +139,7 @@ fn spawn_node(exe: &Path, args: &UpArgs, addr: &str, data: &Path) -> Result<Chil
     if let Some(c) = &args.cache_size {
         cmd.args(["--cache-size", c]);
     }
+    cmd.args(["--threads", &args.threads.to_string()]);
     cmd.spawn()
         .map_err(|e| format!("cannot start node {addr}: {e}"))
 }
