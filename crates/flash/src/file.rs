@@ -23,7 +23,7 @@ use crate::IO_ALIGN;
 /// Preferred stripe: the unit in which large writes are split across the pool.
 const STRIPE_BYTES: usize = 1024 * 1024;
 /// Number of I/O threads per device.
-const IO_THREADS: usize = 16;
+const IO_THREADS: usize = 32;
 /// `BLKDISCARD` = `_IO(0x12, 119)`: discard a byte range of a block device.
 const BLKDISCARD: libc::c_ulong = 0x1277;
 

@@ -38,9 +38,12 @@ pub struct NodeArgs {
     /// Most simultaneous clients (default 10000).
     #[arg(long)]
     maxclients: Option<usize>,
-    /// Executor threads running engine calls (default 16).
+    /// Executor threads running writes (default 16; 64 under sync durability).
     #[arg(long)]
     threads: Option<usize>,
+    /// Executor threads running reads; bounds the device queue depth (default 64).
+    #[arg(long)]
+    read_threads: Option<usize>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off by default), e.g. 127.0.0.1:9121.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
@@ -80,7 +83,10 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
         c.maxclients = v;
     }
     if let Some(v) = args.threads {
-        c.threads = v;
+        c.threads = Some(v);
+    }
+    if let Some(v) = args.read_threads {
+        c.read_threads = v;
     }
     if let Some(v) = args.metrics {
         c.metrics_listen = Some(v);

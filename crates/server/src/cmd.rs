@@ -183,6 +183,14 @@ impl Cmd {
             .unwrap_or(0)
     }
 
+    /// Whether the command writes (runs on the write pool).
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Cmd::Set | Cmd::Mset | Cmd::Del | Cmd::Vset | Cmd::Vdel
+        )
+    }
+
     /// Whether the command calls the engine (runs on the executor pool).
     pub fn uses_engine(self) -> bool {
         matches!(

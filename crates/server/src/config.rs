@@ -83,8 +83,14 @@ pub struct Config {
     pub max_args: usize,
     /// Longest inline command line.
     pub max_inline: Size,
-    /// Executor threads running engine calls.
-    pub threads: usize,
+    /// Executor threads running writes (SET, MSET, DEL, VSET, VDEL, and
+    /// pipelined batches holding any). Default: 16, or 64 under `sync`
+    /// durability, where writers wait for the group commit and more of them
+    /// make larger groups.
+    pub threads: Option<usize>,
+    /// Executor threads running reads (GET, MGET, RANGE, SCAN, ...): they
+    /// mostly wait for the device, and their number bounds its queue depth.
+    pub read_threads: usize,
     /// Address of the Prometheus `/metrics` HTTP endpoint (off when unset).
     pub metrics_listen: Option<String>,
     /// Log requests slower than this many milliseconds (off when unset).
@@ -108,7 +114,8 @@ impl Default for Config {
             max_bulk: None,
             max_args: 1 << 20,
             max_inline: Size(64 << 10),
-            threads: 16,
+            threads: None,
+            read_threads: 64,
             metrics_listen: None,
             slowlog_ms: None,
         }
@@ -116,6 +123,15 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Threads of the write pool after defaults (see [`Config::threads`]).
+    pub fn write_threads(&self) -> usize {
+        self.threads.unwrap_or(if self.durability.trim() == "sync" {
+            64
+        } else {
+            16
+        })
+    }
+
     /// Loads a TOML file; missing keys keep their defaults.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -157,8 +173,11 @@ impl Config {
                 message: message.into(),
             })
         };
-        if self.threads == 0 || self.threads > 1024 {
+        if self.threads.is_some_and(|t| t == 0 || t > 1024) {
             return bad("threads", "must be 1..=1024");
+        }
+        if self.read_threads == 0 || self.read_threads > 1024 {
+            return bad("read_threads", "must be 1..=1024");
         }
         if self.maxclients == 0 {
             return bad("maxclients", "must be at least 1");
@@ -197,7 +216,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.capacity, Size(1 << 30));
         assert_eq!(c.cache_size, Some(Size(1 << 20)));
-        assert_eq!(c.threads, 4);
+        assert_eq!(c.threads, Some(4));
+        assert_eq!(c.write_threads(), 4);
         assert_eq!(c.listen, "127.0.0.1:7379");
         assert_eq!(c.metrics_listen.as_deref(), Some("127.0.0.1:9100"));
         assert_eq!(c.slowlog_ms, Some(25));

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::cmd::{arity_ok, errors, is_refused, Cmd};
 use crate::data::CallTime;
-use crate::exec::Executor;
+use crate::exec::Pools;
 use crate::metrics::{micros, Breakdown};
 use crate::session::{noauth, run_local, Outcome, Session};
 use crate::state::{Counters, NodeState};
@@ -41,7 +41,7 @@ enum After {
 }
 
 /// Serves one connection until the client leaves, misbehaves or the node stops.
-pub async fn serve<S>(mut stream: S, state: Arc<NodeState>, exec: Arc<Executor>)
+pub async fn serve<S>(mut stream: S, state: Arc<NodeState>, exec: Arc<Pools>)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -123,7 +123,7 @@ struct Timing {
 /// `parse` is the time it took to parse the batch (for metrics).
 async fn run_batch(
     state: &Arc<NodeState>,
-    exec: &Executor,
+    exec: &Pools,
     session: &mut Session,
     batch: Vec<Vec<Bytes>>,
     parse: Duration,
@@ -277,17 +277,21 @@ fn record(
 /// thread (job end to this task resuming).
 async fn run_on_executor(
     state: &Arc<NodeState>,
-    exec: &Executor,
+    exec: &Pools,
     jobs: Vec<(Cmd, Vec<Bytes>)>,
 ) -> Option<(Vec<(Reply, CallTime)>, Duration)> {
     let (tx, rx) = oneshot::channel();
     let st = state.clone();
     let submitted = Instant::now();
-    exec.submit(Box::new(move || {
-        let queued = submitted.elapsed();
-        let replies = crate::data::execute_batch(&st, &jobs);
-        let _ = tx.send((replies, queued, Instant::now()));
-    }))
+    let writes = jobs.iter().any(|(cmd, _)| cmd.writes());
+    exec.submit(
+        Box::new(move || {
+            let queued = submitted.elapsed();
+            let replies = crate::data::execute_batch(&st, &jobs);
+            let _ = tx.send((replies, queued, Instant::now()));
+        }),
+        writes,
+    )
     .ok()?;
     let (replies, queued, done) = rx.await.ok()?;
     Some((replies, queued + done.elapsed()))

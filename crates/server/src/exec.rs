@@ -24,15 +24,15 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// Starts `n` threads.
-    pub fn start(n: usize) -> std::io::Result<Executor> {
+    /// Starts `n` threads named `<name>-<i>`.
+    pub fn start_named(name: &str, n: usize) -> std::io::Result<Executor> {
         let (tx, rx) = unbounded::<Job>();
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
             let rx = rx.clone();
             threads.push(
                 std::thread::Builder::new()
-                    .name(format!("ls-exec-{i}"))
+                    .name(format!("{name}-{i}"))
                     .spawn(move || {
                         while let Ok(job) = rx.recv() {
                             if catch_unwind(AssertUnwindSafe(job)).is_err() {
@@ -66,6 +66,40 @@ impl Executor {
     }
 }
 
+/// The node's two pools: writes (a few threads; under `sync` durability
+/// enough to fill group commits) and reads (many threads: each waits for the
+/// device, so their number is the device queue depth). A job goes to the
+/// write pool if it holds any write, so one connection's batch keeps its order.
+pub struct Pools {
+    reads: Executor,
+    writes: Executor,
+}
+
+impl Pools {
+    /// Starts both pools.
+    pub fn start(read_threads: usize, write_threads: usize) -> std::io::Result<Pools> {
+        Ok(Pools {
+            reads: Executor::start_named("ls-read", read_threads)?,
+            writes: Executor::start_named("ls-exec", write_threads)?,
+        })
+    }
+
+    /// Queues a job on the write pool (`writes`) or the read pool.
+    pub fn submit(&self, job: Job, writes: bool) -> Result<(), Stopped> {
+        if writes {
+            self.writes.submit(job)
+        } else {
+            self.reads.submit(job)
+        }
+    }
+
+    /// Stops both pools, letting queued jobs finish.
+    pub fn shutdown(&self) {
+        self.reads.shutdown();
+        self.writes.shutdown();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,7 +108,7 @@ mod tests {
 
     #[test]
     fn runs_jobs_survives_panics_and_drains_on_shutdown() {
-        let ex = Executor::start(2).unwrap();
+        let ex = Executor::start_named("test", 2).unwrap();
         let n = Arc::new(AtomicUsize::new(0));
         ex.submit(Box::new(|| panic!("boom"))).unwrap();
         for _ in 0..100 {

@@ -58,7 +58,8 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("tcp_port", &state.tcp_port);
             line("uptime_in_seconds", &state.started.elapsed().as_secs());
             line("io_threads", &1);
-            line("executor_threads", &state.config.threads);
+            line("executor_threads", &state.config.write_threads());
+            line("read_threads", &state.config.read_threads);
             line("durability", &state.config.durability);
             line("data_dir", &state.config.data_dir.display());
         }

@@ -15,7 +15,7 @@ use tokio::net::{TcpListener, UnixListener};
 
 use crate::config::Config;
 use crate::error::ServerError;
-use crate::exec::Executor;
+use crate::exec::Pools;
 use crate::state::NodeState;
 
 /// How long in-flight requests get to finish after a stop is requested.
@@ -65,7 +65,9 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         max_args: config.max_args,
         max_inline: usize::try_from(config.max_inline.0).unwrap_or(usize::MAX),
     };
-    let exec = Arc::new(Executor::start(config.threads).map_err(ServerError::Runtime)?);
+    let exec = Arc::new(
+        Pools::start(config.read_threads, config.write_threads()).map_err(ServerError::Runtime)?,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("ls-net")
@@ -155,7 +157,7 @@ pub fn run(config: Config) -> Result<(), ServerError> {
 /// Accepts connections until a stop is requested, then drains them.
 async fn serve(
     state: Arc<NodeState>,
-    exec: Arc<Executor>,
+    exec: Arc<Pools>,
     tcp: TcpListener,
     unix: Option<UnixListener>,
     addr: SocketAddr,
@@ -203,7 +205,7 @@ async fn accept_failed(e: std::io::Error) {
 }
 
 /// Starts serving a new connection, or refuses it when `maxclients` are connected.
-fn admit<S>(state: &Arc<NodeState>, exec: &Arc<Executor>, mut stream: S)
+fn admit<S>(state: &Arc<NodeState>, exec: &Arc<Pools>, mut stream: S)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

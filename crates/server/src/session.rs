@@ -229,7 +229,8 @@ fn settings(state: &NodeState) -> Vec<(&'static str, String)> {
         ("durability", c.durability.clone()),
         ("dir", c.data_dir.display().to_string()),
         ("io-threads", "1".into()),
-        ("executor-threads", c.threads.to_string()),
+        ("executor-threads", c.write_threads().to_string()),
+        ("read-threads", c.read_threads.to_string()),
     ]
 }
 
