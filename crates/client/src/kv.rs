@@ -47,6 +47,16 @@ impl Cluster {
     /// node fails are read again from their next replica.
     pub fn mget<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Bytes>>> {
         let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
+        Ok(self
+            .mget_stored(&keys)?
+            .into_iter()
+            .map(|v| v.and_then(|b| Versioned::decode(b).value))
+            .collect())
+    }
+
+    /// Like [`Cluster::mget`] but returns what the replica stores (versioned
+    /// bytes, tombstones included), `None` only for keys it does not have.
+    pub(crate) fn mget_stored(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
         let orders: Vec<Vec<usize>> = keys.iter().map(|k| self.inner.read_order(k)).collect();
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         let mut attempt = vec![0usize; keys.len()];
@@ -76,7 +86,7 @@ impl Cluster {
                     Ok(Reply::Array(vals)) if vals.len() == idx.len() => {
                         for (k, v) in idx.into_iter().zip(vals) {
                             out[k] = match v {
-                                Reply::Bulk(b) => Versioned::decode(b).value,
+                                Reply::Bulk(b) => Some(b),
                                 _ => None,
                             };
                         }

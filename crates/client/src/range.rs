@@ -33,6 +33,8 @@ pub(crate) struct Merger<'a> {
     cursors: Vec<NodeCursor>,
     end: Vec<u8>,
     page: usize,
+    /// Ask for keys only (`RANGE ... KEYSONLY`): no value is read.
+    keys_only: bool,
     /// Nodes dropped from the merge because they failed.
     pub(crate) failed: Vec<(usize, ClientError)>,
 }
@@ -59,8 +61,15 @@ impl<'a> Merger<'a> {
                 .collect(),
             end: end.to_vec(),
             page: page.clamp(1, MAX_PAGE),
+            keys_only: false,
             failed: Vec::new(),
         }
+    }
+
+    /// Lists keys only; each copy's value is then empty.
+    pub(crate) fn keys_only(mut self) -> Self {
+        self.keys_only = true;
+        self
     }
 
     /// The next key in order with `(node, stored value)` of every node that
@@ -99,10 +108,13 @@ impl<'a> Merger<'a> {
         if jobs.is_empty() {
             return Ok(());
         }
-        let (end, page) = (&self.end, self.page);
+        let (end, page, keys_only) = (&self.end, self.page, self.keys_only);
         let limit = page.to_string();
         let results = self.inner.fan_out(jobs, |node, start| {
-            let args: [&[u8]; 5] = [b"RANGE", &start, end, b"LIMIT", limit.as_bytes()];
+            let mut args: Vec<&[u8]> = vec![b"RANGE", &start, end, b"LIMIT", limit.as_bytes()];
+            if keys_only {
+                args.push(b"KEYSONLY");
+            }
             self.inner.with_conn(node, |c| c.call(&args))
         });
         for (node, r) in results {
@@ -110,10 +122,21 @@ impl<'a> Merger<'a> {
                 continue;
             };
             match r {
-                Ok(Reply::Array(items)) if items.len() % 2 == 0 => {
+                Ok(Reply::Array(items)) if keys_only || items.len() % 2 == 0 => {
                     let c = &mut self.cursors[pos];
-                    let n = items.len() / 2;
+                    let n = if keys_only {
+                        items.len()
+                    } else {
+                        items.len() / 2
+                    };
                     let mut it = items.into_iter();
+                    if keys_only {
+                        for k in it.by_ref() {
+                            if let Reply::Bulk(k) = k {
+                                c.buf.push_back((k, Bytes::new()));
+                            }
+                        }
+                    }
                     while let (Some(Reply::Bulk(k)), Some(Reply::Bulk(v))) = (it.next(), it.next())
                     {
                         c.buf.push_back((k, v));
@@ -152,6 +175,11 @@ impl Cluster {
     /// Up to `limit` pairs with `start <= key < end` (empty `end`: no upper
     /// bound), in key order, across the whole cluster. Fails when so many
     /// nodes are down that some key may have no reachable copy.
+    ///
+    /// Keys are listed first (`RANGE ... KEYSONLY` on every node: no value
+    /// is read), then each value is read once, from the key's first healthy
+    /// replica, as a point read would; a key that replica lacks is read from
+    /// the nodes that listed it, newest copy first.
     pub fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
         let inner = &*self.inner;
         let all = inner.nodes.len();
@@ -159,24 +187,60 @@ impl Cluster {
         // Enough per node that one round usually meets the limit.
         let page =
             (limit.saturating_mul(inner.replicas) / up.len().max(1)).saturating_add(limit / 4 + 8);
-        let mut merger = Merger::new(inner, up.clone(), start, end, page);
+        let mut merger = Merger::new(inner, up.clone(), start, end, page).keys_only();
         let mut out = Vec::with_capacity(limit.min(4096));
         while out.len() < limit {
-            let next = merger.next_key()?;
-            let down = all - up.len() + merger.failed.len();
-            if down >= inner.replicas {
-                return Err(ClientError::Unavailable(format!(
-                    "{down} of {all} nodes are down; with {} replicas some keys may have no copy",
-                    inner.replicas
-                )));
-            }
-            let Some((key, copies)) = next else { break };
-            if let Some(stored) = newest(&copies) {
-                if let Some(v) = Versioned::decode(stored.clone()).value {
-                    out.push((key, v));
+            let want = limit - out.len();
+            let mut listed: Vec<(Bytes, Vec<usize>)> = Vec::with_capacity(want.min(4096));
+            while listed.len() < want {
+                let next = merger.next_key()?;
+                let down = all - up.len() + merger.failed.len();
+                if down >= inner.replicas {
+                    return Err(ClientError::Unavailable(format!(
+                        "{down} of {all} nodes are down; with {} replicas some keys may have no copy",
+                        inner.replicas
+                    )));
                 }
+                match next {
+                    Some((key, copies)) => {
+                        listed.push((key, copies.into_iter().map(|(n, _)| n).collect()))
+                    }
+                    None => break,
+                }
+            }
+            if listed.is_empty() {
+                break;
+            }
+            let exhausted = listed.len() < want;
+            let keys: Vec<&[u8]> = listed.iter().map(|(k, _)| &k[..]).collect();
+            let stored = self.mget_stored(&keys)?;
+            for ((key, holders), stored) in listed.iter().zip(stored) {
+                let stored = match stored {
+                    Some(s) => Some(s),
+                    None => self.newest_from(key, holders)?,
+                };
+                if let Some(v) = stored.and_then(|s| Versioned::decode(s).value) {
+                    out.push((key.clone(), v));
+                }
+            }
+            if exhausted {
+                break;
             }
         }
         Ok(out)
+    }
+
+    /// The newest stored copy of `key` among `nodes` (those that listed it).
+    fn newest_from(&self, key: &[u8], nodes: &[usize]) -> Result<Option<Bytes>> {
+        let mut copies = Vec::new();
+        for &n in nodes {
+            match self.inner.with_conn(n, |c| c.call(&[&b"GET"[..], key])) {
+                Ok(Reply::Bulk(b)) => copies.push((n, b)),
+                Ok(_) => {}
+                Err(e) if e.is_node_failure() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(newest(&copies).cloned())
     }
 }

@@ -207,6 +207,13 @@ impl Db {
         self.inner.scan_at(start, end, limit, seq)
     }
 
+    /// Like [`Db::scan`] but returns only the keys, reading no value from
+    /// the device (index and keytable blocks only).
+    pub fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Bytes>> {
+        let seq = self.inner.visible_seq.load(Ordering::Acquire);
+        self.inner.scan_keys_at(start, end, limit, seq)
+    }
+
     /// Like [`Db::scan`], as of `snap`.
     pub fn scan_at(
         &self,
@@ -530,6 +537,49 @@ impl DbInner {
         limit: usize,
         seq: SeqNo,
     ) -> Result<Vec<(Bytes, Bytes)>> {
+        // Collect the visible entries first, then read their values in
+        // parallel batches: a range of N values costs about N / queue depth
+        // device reads' time, not N.
+        let found = self.visible_entries(start, end, limit, seq)?;
+        let mut out = Vec::with_capacity(found.len());
+        for chunk in found.chunks(SCAN_READ_BATCH) {
+            let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..], e.seq)).collect();
+            let values = self.vlog.read_values(&reqs)?;
+            out.extend(
+                chunk
+                    .iter()
+                    .zip(values)
+                    .map(|(e, (v, _))| (e.key.clone(), v)),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` live keys in `[start, end)` as of `seq`, without
+    /// reading any value.
+    pub(crate) fn scan_keys_at(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        seq: SeqNo,
+    ) -> Result<Vec<Bytes>> {
+        Ok(self
+            .visible_entries(start, end, limit, seq)?
+            .into_iter()
+            .map(|e| e.key)
+            .collect())
+    }
+
+    /// The newest version as of `seq` of up to `limit` live keys in
+    /// `[start, end)` (empty `end`: unbounded), in key order.
+    fn visible_entries(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        seq: SeqNo,
+    ) -> Result<Vec<Entry>> {
         let sv = self.sv.read().clone();
         let mut sources: Vec<EntryIter<'_>> = vec![Box::new(sv.mem.iter_from(start).map(Ok))];
         if let Some(imm) = &sv.imm {
@@ -538,9 +588,6 @@ impl DbInner {
         for level in &sv.version.levels {
             sources.push(Box::new(LevelIter::new(level.clone(), start, &self.ctx)));
         }
-        // Collect the visible entries first, then read their values in
-        // parallel batches: a range of N values costs about N / queue depth
-        // device reads' time, not N.
         let mut found = Vec::new();
         let mut last_key: Option<Bytes> = None;
         for e in MergeIter::new(sources) {
@@ -559,18 +606,7 @@ impl DbInner {
                 found.push(e);
             }
         }
-        let mut out = Vec::with_capacity(found.len());
-        for chunk in found.chunks(SCAN_READ_BATCH) {
-            let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..], e.seq)).collect();
-            let values = self.vlog.read_values(&reqs)?;
-            out.extend(
-                chunk
-                    .iter()
-                    .zip(values)
-                    .map(|(e, (v, _))| (e.key.clone(), v)),
-            );
-        }
-        Ok(out)
+        Ok(found)
     }
 
     /// Sequence numbers compaction must keep versions for, oldest first.

@@ -58,6 +58,16 @@ fn check_scan(db: &Db, snap: Option<&Snapshot>, model: &Model, rng: &mut SmallRn
         keys(&got),
         keys(&want)
     );
+    if snap.is_none() {
+        let only: Vec<Vec<u8>> = db
+            .scan_keys(&a, &b, limit)
+            .expect("scan_keys")
+            .into_iter()
+            .map(|k| k.to_vec())
+            .collect();
+        let want_keys: Vec<Vec<u8>> = want.into_iter().map(|(k, _)| k).collect();
+        assert_eq!(only, want_keys, "scan_keys [{a:?}, {b:?}) limit {limit}");
+    }
 }
 
 fn run(seed: u64, ops: usize, device: &dyn Fn() -> Arc<dyn Device>) {

@@ -266,6 +266,20 @@ fn range_reads_merge_like_one_node() {
             assert_eq!((&gk[..], &gv[..]), (&wk[..], &wv[..]));
         }
     }
+    // A key its first replica lacks (a write it missed) is still listed by
+    // the other replica, and read from there.
+    let lost = b"s-missed-on-primary";
+    c.set(lost, b"still here").expect("set");
+    let primary = c.replicas_of(lost)[0];
+    c.call_node(primary, &[&b"DEL"[..], lost])
+        .expect("node DEL");
+    let got = c.range(b"s", b"t", 10).expect("range");
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (&got[0].0[..], &got[0].1[..]),
+        (&lost[..], &b"still here"[..])
+    );
+
     // A read of a missing key, and binary-safe keys and values.
     assert_eq!(c.get(b"nope").expect("get"), None);
     let bin = Bytes::from_static(b"\x00\xff{\r\n}");

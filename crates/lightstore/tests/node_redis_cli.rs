@@ -37,6 +37,10 @@ fn redis_cli_basic_commands() {
     assert_eq!(n.cli(&["range", "a", "z"]), "c\n3\nhello\nthere");
     assert_eq!(n.cli(&["range", "d", ""]), "hello\nthere");
     assert_eq!(n.cli(&["range", "", "", "LIMIT", "1"]), "c\n3");
+    assert_eq!(n.cli(&["range", "", "", "KEYSONLY"]), "c\nhello");
+    assert_eq!(n.cli(&["range", "", "", "keysonly", "limit", "1"]), "c");
+    assert!(n.cli(&["range", "", "", "LIMIT"]).contains("ERR"));
+    assert!(n.cli(&["range", "", "", "BOGUS"]).contains("ERR"));
     assert!(n.cli(&["config", "get", "appendonly"]).contains("no"));
     assert!(n.cli(&["info"]).contains("write_amplification:"));
     let info = n.cli(&["info", "engine"]);

@@ -330,21 +330,31 @@ fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     ]))
 }
 
-/// RANGE start end [LIMIT n]: ordered pairs with start <= key < end (empty
-/// end = unbounded) as a flat array k1 v1 k2 v2 ...
+/// RANGE start end [LIMIT n] [KEYSONLY]: ordered pairs with start <= key <
+/// end (empty end = unbounded) as a flat array k1 v1 k2 v2 ..., or only the
+/// keys with KEYSONLY (no value is read from the device).
 fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     let mut limit = RANGE_DEFAULT_LIMIT;
-    match &args[3..] {
-        [] => {}
-        [opt, n] if opt.eq_ignore_ascii_case(b"LIMIT") => match int(n) {
-            Some(n) if n >= 0 => limit = usize::try_from(n).unwrap_or(usize::MAX),
-            _ => return Ok(errors::not_integer()),
-        },
-        _ => return Ok(errors::syntax()),
+    let mut keys_only = false;
+    let mut opts = args[3..].iter();
+    while let Some(opt) = opts.next() {
+        if opt.eq_ignore_ascii_case(b"KEYSONLY") {
+            keys_only = true;
+        } else if opt.eq_ignore_ascii_case(b"LIMIT") {
+            match opts.next().and_then(|n| int(n)) {
+                Some(n) if n >= 0 => limit = usize::try_from(n).unwrap_or(usize::MAX),
+                _ => return Ok(errors::not_integer()),
+            }
+        } else {
+            return Ok(errors::syntax());
+        }
     }
-    let pairs = state
-        .db
-        .scan(&args[1], &args[2], limit.min(RANGE_MAX_LIMIT))?;
+    let limit = limit.min(RANGE_MAX_LIMIT);
+    if keys_only {
+        let keys = state.db.scan_keys(&args[1], &args[2], limit)?;
+        return Ok(Reply::Array(keys.into_iter().map(Reply::Bulk).collect()));
+    }
+    let pairs = state.db.scan(&args[1], &args[2], limit)?;
     let mut out = Vec::with_capacity(pairs.len() * 2);
     for (k, v) in pairs {
         out.push(Reply::Bulk(k));

@@ -230,18 +230,26 @@ public final class ClusterClient implements AutoCloseable {
    * replica, failing over to the next. Missing and deleted keys read as null.
    */
   public List<byte[]> mget(List<byte[]> keys) throws ClusterException {
-    int[] order = replicasOf(keys.get(0));
-    Integer[] sorted = Arrays.stream(order).boxed().toArray(Integer[]::new);
-    Arrays.sort(sorted, (a, b) -> Boolean.compare(!isUp(a), !isUp(b)));
+    List<byte[]> out = new ArrayList<>(keys.size());
+    for (byte[] stored : mgetStored(keys)) {
+      out.add(stored == null ? null : Versioned.decode(stored).value);
+    }
+    return out;
+  }
+
+  /** The replicas of a key, those up first (primary first). */
+  private Integer[] readOrder(byte[] key) {
+    Integer[] order = Arrays.stream(replicasOf(key)).boxed().toArray(Integer[]::new);
+    Arrays.sort(order, (a, b) -> Boolean.compare(!isUp(a), !isUp(b)));
+    return order;
+  }
+
+  /** Like {@link #mget} but returns the stored bytes (tombstones included). */
+  private List<byte[]> mgetStored(List<byte[]> keys) throws ClusterException {
     String last = "no replica";
-    for (int node : sorted) {
+    for (int node : readOrder(keys.get(0))) {
       try {
-        Object reply = call(node, Cmd.MGET, keys.toArray(new byte[0][]));
-        List<byte[]> out = new ArrayList<>(keys.size());
-        for (Object o : (List<?>) reply) {
-          out.add(o instanceof byte[] b ? Versioned.decode(b).value : null);
-        }
-        return out;
+        return mgetOn(node, keys);
       } catch (NodeDown e) {
         last = e.getMessage();
       } catch (JedisDataException e) {
@@ -249,6 +257,15 @@ public final class ClusterClient implements AutoCloseable {
       }
     }
     throw new ClusterException("every replica failed: " + last);
+  }
+
+  private List<byte[]> mgetOn(int node, List<byte[]> keys) throws NodeDown {
+    Object reply = call(node, Cmd.MGET, keys.toArray(new byte[0][]));
+    List<byte[]> out = new ArrayList<>(keys.size());
+    for (Object o : (List<?>) reply) {
+      out.add(o instanceof byte[] b ? b : null);
+    }
+    return out;
   }
 
   /** One node's pages of a range. */
@@ -266,8 +283,10 @@ public final class ClusterClient implements AutoCloseable {
 
   /**
    * Up to {@code limit} pairs with start <= key < end (empty end: unbounded), in
-   * key order over the whole cluster: every node is paged, copies of a key
-   * collapse to the newest version, deletions are dropped.
+   * key order over the whole cluster, as the Rust client does it: keys are
+   * listed on every node ({@code RANGE ... KEYSONLY}, no value read), merged,
+   * then each value is read once from its key's first healthy replica (from the
+   * nodes that listed it when that replica lacks it); deletions are dropped.
    */
   public List<byte[][]> range(byte[] start, byte[] end, int limit) throws ClusterException {
     List<Cursor> cursors = new ArrayList<>();
@@ -276,90 +295,177 @@ public final class ClusterClient implements AutoCloseable {
         cursors.add(new Cursor(i, start));
       }
     }
-    int down = nodes.size() - cursors.size();
+    int[] down = {nodes.size() - cursors.size()};
     int page = Math.max(1, Math.min(MAX_PAGE, limit * replicas / Math.max(1, cursors.size()) + limit / 4 + 8));
     byte[] pageText = Integer.toString(page).getBytes(StandardCharsets.US_ASCII);
     List<byte[][]> out = new ArrayList<>();
     while (out.size() < limit) {
-      // Refill every dry cursor, nodes in parallel.
-      List<Cursor> dry = new ArrayList<>();
-      for (Cursor cur : cursors) {
-        if (cur.buf.isEmpty() && !cur.done) {
-          dry.add(cur);
-        }
-      }
-      List<Future<Object>> pages = new ArrayList<>();
-      for (int i = 1; i < dry.size(); i++) {
-        Cursor cur = dry.get(i);
-        pages.add(FANOUT.submit(() -> fetchPage(cur, end, pageText)));
-      }
-      List<Object> results = new ArrayList<>();
-      if (!dry.isEmpty()) {
-        results.add(fetchPage(dry.get(0), end, pageText));
-      }
-      for (Future<Object> f : pages) {
-        try {
-          results.add(f.get());
-        } catch (InterruptedException e) {
-          Thread.currentThread().interrupt();
-          throw new ClusterException("interrupted");
-        } catch (ExecutionException e) {
-          results.add(e.getCause());
-        }
-      }
-      for (int i = 0; i < dry.size(); i++) {
-        Cursor cur = dry.get(i);
-        Object r = results.get(i);
-        if (r instanceof NodeDown) {
-          cursors.remove(cur);
-          down++;
-        } else if (r instanceof Throwable t) {
-          throw new ClusterException("node " + nodes.get(cur.node) + ": " + t.getMessage());
-        } else {
-          List<?> items = (List<?>) r;
-          for (int k = 0; k + 1 < items.size(); k += 2) {
-            cur.buf.add(new byte[][] {(byte[]) items.get(k), (byte[]) items.get(k + 1)});
-          }
-          cur.done = items.size() / 2 < page;
-          if (!cur.buf.isEmpty()) {
-            byte[] lastKey = cur.buf.peekLast()[0];
-            cur.next = Arrays.copyOf(lastKey, lastKey.length + 1);
+      int want = limit - out.size();
+      List<byte[]> keys = new ArrayList<>();
+      List<List<Integer>> holders = new ArrayList<>();
+      while (keys.size() < want) {
+        refill(cursors, end, page, pageText, down);
+        byte[] min = null;
+        for (Cursor cur : cursors) {
+          if (!cur.buf.isEmpty() && (min == null || Arrays.compareUnsigned(cur.buf.peekFirst()[0], min) < 0)) {
+            min = cur.buf.peekFirst()[0];
           }
         }
-      }
-      if (down >= replicas) {
-        throw new ClusterException(down + " nodes are down; some keys may have no copy");
-      }
-      byte[] min = null;
-      for (Cursor cur : cursors) {
-        if (!cur.buf.isEmpty() && (min == null || Arrays.compareUnsigned(cur.buf.peekFirst()[0], min) < 0)) {
-          min = cur.buf.peekFirst()[0];
+        if (min == null) {
+          break;
         }
+        List<Integer> has = new ArrayList<>();
+        for (Cursor cur : cursors) {
+          if (!cur.buf.isEmpty() && Arrays.equals(cur.buf.peekFirst()[0], min)) {
+            cur.buf.pollFirst();
+            has.add(cur.node);
+          }
+        }
+        keys.add(min);
+        holders.add(has);
       }
-      if (min == null) {
+      if (keys.isEmpty()) {
         break;
       }
-      Versioned best = null;
-      for (Cursor cur : cursors) {
-        if (!cur.buf.isEmpty() && Arrays.equals(cur.buf.peekFirst()[0], min)) {
-          Versioned v = Versioned.decode(cur.buf.pollFirst()[1]);
-          if (best == null || Long.compareUnsigned(v.version, best.version) > 0) {
-            best = v;
-          }
+      List<byte[]> stored = readStored(keys);
+      for (int i = 0; i < keys.size(); i++) {
+        byte[] s = stored.get(i) != null ? stored.get(i) : newestFrom(keys.get(i), holders.get(i));
+        byte[] value = s == null ? null : Versioned.decode(s).value;
+        if (value != null) {
+          out.add(new byte[][] {keys.get(i), value});
         }
       }
-      if (best != null && best.value != null) {
-        out.add(new byte[][] {min, best.value});
+      if (keys.size() < want) {
+        break;
       }
     }
     return out;
+  }
+
+  /** Fetches the next page of every cursor that ran dry, nodes in parallel. */
+  private void refill(List<Cursor> cursors, byte[] end, int page, byte[] pageText, int[] down)
+      throws ClusterException {
+    List<Cursor> dry = new ArrayList<>();
+    for (Cursor cur : cursors) {
+      if (cur.buf.isEmpty() && !cur.done) {
+        dry.add(cur);
+      }
+    }
+    List<Object> results = parallel(dry, cur -> fetchPage(cur, end, pageText));
+    for (int i = 0; i < dry.size(); i++) {
+      Cursor cur = dry.get(i);
+      Object r = results.get(i);
+      if (r instanceof NodeDown) {
+        cursors.remove(cur);
+        down[0]++;
+      } else if (r instanceof Throwable t) {
+        throw new ClusterException("node " + nodes.get(cur.node) + ": " + t.getMessage());
+      } else {
+        List<?> items = (List<?>) r;
+        for (Object k : items) {
+          cur.buf.add(new byte[][] {(byte[]) k});
+        }
+        cur.done = items.size() < page;
+        if (!cur.buf.isEmpty()) {
+          byte[] lastKey = cur.buf.peekLast()[0];
+          cur.next = Arrays.copyOf(lastKey, lastKey.length + 1);
+        }
+      }
+    }
+    if (down[0] >= replicas) {
+      throw new ClusterException(down[0] + " nodes are down; some keys may have no copy");
+    }
+  }
+
+  /** Runs {@code f} on every item, all but the first on the fan-out pool. */
+  private <T> List<Object> parallel(List<T> items, java.util.function.Function<T, Object> f)
+      throws ClusterException {
+    List<Future<Object>> futures = new ArrayList<>();
+    for (int i = 1; i < items.size(); i++) {
+      T item = items.get(i);
+      futures.add(FANOUT.submit(() -> f.apply(item)));
+    }
+    List<Object> results = new ArrayList<>();
+    if (!items.isEmpty()) {
+      results.add(f.apply(items.get(0)));
+    }
+    for (Future<Object> fut : futures) {
+      try {
+        results.add(fut.get());
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new ClusterException("interrupted");
+      } catch (ExecutionException e) {
+        results.add(e.getCause());
+      }
+    }
+    return results;
+  }
+
+  /** Stored bytes of each key from its first healthy replica: one MGET per node. */
+  private List<byte[]> readStored(List<byte[]> keys) throws ClusterException {
+    java.util.Map<Integer, List<Integer>> groups = new java.util.TreeMap<>();
+    for (int i = 0; i < keys.size(); i++) {
+      groups.computeIfAbsent(readOrder(keys.get(i))[0], n -> new ArrayList<>()).add(i);
+    }
+    List<java.util.Map.Entry<Integer, List<Integer>>> jobs = new ArrayList<>(groups.entrySet());
+    List<Object> results = parallel(jobs, job -> {
+      List<byte[]> ks = new ArrayList<>();
+      for (int i : job.getValue()) {
+        ks.add(keys.get(i));
+      }
+      try {
+        return mgetOn(job.getKey(), ks);
+      } catch (NodeDown | RuntimeException e) {
+        return e;
+      }
+    });
+    List<byte[]> out = new ArrayList<>(java.util.Collections.nCopies(keys.size(), (byte[]) null));
+    for (int j = 0; j < jobs.size(); j++) {
+      List<Integer> idx = jobs.get(j).getValue();
+      Object r = results.get(j);
+      if (r instanceof List<?> vals) {
+        for (int k = 0; k < idx.size(); k++) {
+          out.set(idx.get(k), (byte[]) vals.get(k));
+        }
+      } else if (r instanceof NodeDown) {
+        // Fail over key by key.
+        for (int i : idx) {
+          out.set(i, mgetStored(List.of(keys.get(i))).get(0));
+        }
+      } else {
+        throw new ClusterException("MGET failed: " + r);
+      }
+    }
+    return out;
+  }
+
+  /** The newest stored copy of a key among the nodes that listed it. */
+  private byte[] newestFrom(byte[] key, List<Integer> holders) throws ClusterException {
+    byte[] best = null;
+    for (int n : holders) {
+      try {
+        List<byte[]> v = mgetOn(n, List.of(key));
+        byte[] s = v.get(0);
+        if (s != null && (best == null
+            || Long.compareUnsigned(Versioned.decode(s).version, Versioned.decode(best).version) > 0)) {
+          best = s;
+        }
+      } catch (NodeDown e) {
+        // Another holder may answer.
+      } catch (JedisDataException e) {
+        throw new ClusterException("node " + nodes.get(n) + ": " + e.getMessage());
+      }
+    }
+    return best;
   }
 
   /** One RANGE page of a cursor: the reply list, or the exception it raised. */
   private Object fetchPage(Cursor cur, byte[] end, byte[] pageText) {
     try {
       return call(cur.node, Cmd.RANGE, cur.next, end,
-          "LIMIT".getBytes(StandardCharsets.US_ASCII), pageText);
+          "LIMIT".getBytes(StandardCharsets.US_ASCII), pageText,
+          "KEYSONLY".getBytes(StandardCharsets.US_ASCII));
     } catch (NodeDown | RuntimeException e) {
       return e;
     }
