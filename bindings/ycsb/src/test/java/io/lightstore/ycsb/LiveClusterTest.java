@@ -1,0 +1,89 @@
+package io.lightstore.ycsb;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.Set;
+import java.util.TreeSet;
+import java.util.Vector;
+import org.junit.jupiter.api.Test;
+import site.ycsb.ByteIterator;
+import site.ycsb.Status;
+import site.ycsb.StringByteIterator;
+
+/**
+ * The binding's five operations against a running cluster. Runs only when
+ * {@code -Dlightstore.nodes=host:port,...} is given (bench/ycsb does, with
+ * CHECK=1); skipped otherwise.
+ */
+class LiveClusterTest {
+  private static LightStoreClient open(String nodes) throws Exception {
+    Properties p = new Properties();
+    p.setProperty("lightstore.nodes", nodes);
+    p.setProperty("fieldcount", "3");
+    LightStoreClient db = new LightStoreClient();
+    db.setProperties(p);
+    db.init();
+    return db;
+  }
+
+  private static Map<String, ByteIterator> record(String tag) {
+    Map<String, String> m = new HashMap<>();
+    for (int f = 0; f < 3; f++) {
+      m.put("field" + f, tag + "-" + f);
+    }
+    return StringByteIterator.getByteIteratorMap(m);
+  }
+
+  private static Map<String, String> strings(Map<String, ByteIterator> m) {
+    Map<String, String> out = new HashMap<>();
+    m.forEach((k, v) -> out.put(k, v.toString()));
+    return out;
+  }
+
+  @Test
+  void insertReadUpdateScanDelete() throws Exception {
+    String nodes = System.getProperty("lightstore.nodes");
+    assumeTrue(nodes != null && !nodes.isBlank(), "no -Dlightstore.nodes");
+    LightStoreClient db = open(nodes);
+    String table = "livetest" + System.nanoTime();
+    for (int i = 0; i < 50; i++) {
+      assertEquals(Status.OK, db.insert(table, String.format("k%03d", i), record("v" + i)));
+    }
+    Map<String, ByteIterator> got = new HashMap<>();
+    assertEquals(Status.OK, db.read(table, "k007", null, got));
+    assertEquals(Map.of("field0", "v7-0", "field1", "v7-1", "field2", "v7-2"), strings(got));
+
+    Map<String, String> upd = Map.of("field1", "changed");
+    assertEquals(Status.OK, db.update(table, "k007", StringByteIterator.getByteIteratorMap(upd)));
+    got.clear();
+    assertEquals(Status.OK, db.read(table, "k007", Set.of("field1", "field2"), got));
+    assertEquals(Map.of("field1", "changed", "field2", "v7-2"), strings(got));
+
+    assertEquals(Status.OK, db.delete(table, "k010"));
+    got.clear();
+    assertEquals(Status.NOT_FOUND, db.read(table, "k010", null, got));
+
+    Vector<HashMap<String, ByteIterator>> rows = new Vector<>();
+    assertEquals(Status.OK, db.scan(table, "k005", 8, null, rows));
+    assertEquals(8, rows.size());
+    List<String> firsts = rows.stream().map(r -> r.get("field0").toString()).toList();
+    // k005..k013 without the deleted k010, in key order.
+    assertEquals(List.of("v5-0", "v6-0", "v7-0", "v8-0", "v9-0", "v11-0", "v12-0", "v13-0"), firsts);
+    assertEquals("changed", rows.get(2).get("field1").toString());
+
+    rows.clear();
+    assertEquals(Status.OK, db.scan(table, "k045", 100, Set.of("field2"), rows));
+    assertEquals(5, rows.size(), "the scan stops at the table's last record");
+    Set<String> fields = new TreeSet<>();
+    rows.forEach(r -> fields.addAll(r.keySet()));
+    assertEquals(Set.of("field2"), fields);
+    assertTrue(rows.get(4).get("field2").toString().startsWith("v49"));
+    db.cleanup();
+  }
+}
