@@ -23,6 +23,7 @@ mod nand;
 mod stats;
 mod store;
 mod superblock;
+mod uring;
 
 pub use device::{AlignedBuf, Device};
 pub use error::{FlashError, Result};
