@@ -655,7 +655,8 @@ impl ValueLog {
                 let mut batch: Vec<(SegmentId, u64, &mut [u8])> = extents
                     .iter()
                     .zip(bufs.iter_mut())
-                    .map(|((seg, a, _, _), b)| (*seg, *a, &mut b[..]))
+                    // Exactly the extent: the buffer itself is rounded up to 4 KiB.
+                    .map(|((seg, a, z, _), b)| (*seg, *a, &mut b[..(z - a) as usize]))
                     .collect();
                 self.flash.read_many(&mut batch)?;
             }
