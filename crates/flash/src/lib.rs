@@ -31,6 +31,7 @@ pub use file::FileDevice;
 pub use nand::{LossMode, NandConfig, NandDevice};
 pub use stats::{DeviceCounters, FlashStats};
 pub use store::{FlashStore, FormatOptions, Geometry, SegmentInfo, SegmentState};
+pub use uring::io_uring_available;
 
 /// Index of a data segment of a [`FlashStore`], `0..segment_count`.
 pub type SegmentId = u32;

@@ -18,6 +18,7 @@ use std::cell::RefCell;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use io_uring::{opcode, types, IoUring, Probe};
 
@@ -34,6 +35,13 @@ thread_local! {
 /// Whether this process still tries io_uring.
 pub(crate) fn available() -> bool {
     AVAILABLE.load(Ordering::Relaxed)
+}
+
+/// Whether batched reads of [`crate::FileDevice`] go through io_uring here
+/// (a ring can be created and reads are supported). Probed once.
+pub fn io_uring_available() -> bool {
+    static PROBED: OnceLock<bool> = OnceLock::new();
+    *PROBED.get_or_init(|| new_ring().is_ok()) && available()
 }
 
 /// Turns io_uring off for this process (tests, and `LIGHTSTORE_NO_URING`).

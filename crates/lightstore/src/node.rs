@@ -41,7 +41,8 @@ pub struct NodeArgs {
     /// Executor threads running writes (default 16; 64 under sync durability).
     #[arg(long)]
     threads: Option<usize>,
-    /// Executor threads running reads; bounds the device queue depth (default 64).
+    /// Executor threads running reads, each with a batch of device reads in flight
+    /// (default 16; 64 where io_uring is unavailable).
     #[arg(long)]
     read_threads: Option<usize>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off by default), e.g. 127.0.0.1:9121.
@@ -86,7 +87,7 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
         c.threads = Some(v);
     }
     if let Some(v) = args.read_threads {
-        c.read_threads = v;
+        c.read_threads = Some(v);
     }
     if let Some(v) = args.metrics {
         c.metrics_listen = Some(v);

@@ -295,12 +295,29 @@ fn lightstore(args: &[&str]) -> std::process::Output {
         .expect("run lightstore")
 }
 
+/// The first of three consecutive ports that are free now, below the
+/// kernel's ephemeral range (where the other tests' nodes get theirs).
+fn three_free_ports() -> u16 {
+    let mut seed = std::process::id() as u64 ^ 0x9E37_79B9_7F4A_7C15;
+    for _ in 0..1000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let base = 20_000 + (seed % 12_000) as u16;
+        let free = (base..base + 3).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
+        if free {
+            return base;
+        }
+    }
+    panic!("no three consecutive free ports in 20000..32000");
+}
+
 /// `lightstore up` starts a cluster that `lightstore cluster` can use, and
 /// SIGTERM stops every node cleanly.
 #[test]
 fn up_and_cluster_subcommands() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let base = free_port().saturating_sub(3).max(20_000);
+    let base = three_free_ports();
     let dir = tmp.path().join("c");
     let mut up = Command::new(env!("CARGO_BIN_EXE_lightstore"))
         .args([

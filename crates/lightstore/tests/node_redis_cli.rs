@@ -6,7 +6,7 @@ mod node_support;
 
 use std::io::BufReader;
 
-use node_support::{call, encode, Node, Resp};
+use node_support::{call, encode, read_reply, Node, Resp};
 
 #[test]
 fn redis_cli_basic_commands() {
@@ -297,4 +297,54 @@ fn versioned_writes_only_move_forward() {
     ));
     assert!(matches!(call(&mut c, &[b"VDEL", b"k"]), Resp::Error(_)));
     assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
+}
+
+/// Read workers merge GET batches of many connections into one multi-get;
+/// every connection must still get exactly its own values, in order, also
+/// for missing keys. 24 clients pipeline GET runs of 1 to 24 keys over a
+/// shared key space at once (two read threads, so merging happens).
+#[test]
+fn merged_gets_of_many_connections_answer_each_its_own() {
+    use std::io::Write;
+    let n = Node::start(&["--read-threads", "2"]);
+    let value = |k: usize| format!("value-{k}-{}", "x".repeat(k % 300)).into_bytes();
+    let mut setup = BufReader::new(n.connect());
+    for k in (0..600).filter(|k| k % 7 != 0) {
+        let key = format!("k{k}");
+        assert_eq!(
+            call(&mut setup, &[b"SET", key.as_bytes(), &value(k)]),
+            Resp::Simple("OK".into())
+        );
+    }
+    std::thread::scope(|scope| {
+        for client in 0..24usize {
+            let n = &n;
+            scope.spawn(move || {
+                let mut conn = BufReader::new(n.connect());
+                for round in 0..40usize {
+                    let run = 1 + (client + round) % 24;
+                    let keys: Vec<usize> = (0..run)
+                        .map(|i| (client * 31 + round * 17 + i * 13) % 600)
+                        .collect();
+                    let mut req = Vec::new();
+                    for k in &keys {
+                        req.extend(encode(&[b"GET", format!("k{k}").as_bytes()]));
+                    }
+                    conn.get_mut().write_all(&req).expect("write");
+                    for k in &keys {
+                        let want = if k % 7 == 0 {
+                            Resp::Nil
+                        } else {
+                            Resp::Bulk(value(*k))
+                        };
+                        assert_eq!(
+                            read_reply(&mut conn).expect("reply"),
+                            want,
+                            "client {client} key {k}"
+                        );
+                    }
+                }
+            });
+        }
+    });
 }

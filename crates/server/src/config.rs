@@ -88,9 +88,11 @@ pub struct Config {
     /// durability, where writers wait for the group commit and more of them
     /// make larger groups.
     pub threads: Option<usize>,
-    /// Executor threads running reads (GET, MGET, RANGE, SCAN, ...): they
-    /// mostly wait for the device, and their number bounds its queue depth.
-    pub read_threads: usize,
+    /// Executor threads running reads (GET, MGET, RANGE, SCAN, ...). Each
+    /// keeps a whole batch of device reads in flight through io_uring, so a
+    /// few suffice: default 16; 64 where io_uring is unavailable and each
+    /// thread waits for one read at a time.
+    pub read_threads: Option<usize>,
     /// Address of the Prometheus `/metrics` HTTP endpoint (off when unset).
     pub metrics_listen: Option<String>,
     /// Log requests slower than this many milliseconds (off when unset).
@@ -115,7 +117,7 @@ impl Default for Config {
             max_args: 1 << 20,
             max_inline: Size(64 << 10),
             threads: None,
-            read_threads: 64,
+            read_threads: None,
             metrics_listen: None,
             slowlog_ms: None,
         }
@@ -123,6 +125,12 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Threads of the read pool after defaults (see [`Config::read_threads`]).
+    pub fn read_threads(&self) -> usize {
+        self.read_threads
+            .unwrap_or(if flash::io_uring_available() { 16 } else { 64 })
+    }
+
     /// Threads of the write pool after defaults (see [`Config::threads`]).
     pub fn write_threads(&self) -> usize {
         self.threads.unwrap_or(if self.durability.trim() == "sync" {
@@ -176,7 +184,7 @@ impl Config {
         if self.threads.is_some_and(|t| t == 0 || t > 1024) {
             return bad("threads", "must be 1..=1024");
         }
-        if self.read_threads == 0 || self.read_threads > 1024 {
+        if self.read_threads.is_some_and(|t| t == 0 || t > 1024) {
             return bad("read_threads", "must be 1..=1024");
         }
         if self.maxclients == 0 {

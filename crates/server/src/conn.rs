@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::cmd::{arity_ok, errors, is_refused, Cmd};
 use crate::data::CallTime;
-use crate::exec::Pools;
+use crate::exec::{GetBatch, Pools};
 use crate::metrics::{micros, Breakdown};
 use crate::session::{noauth, run_local, Outcome, Session};
 use crate::state::{Counters, NodeState};
@@ -271,28 +271,46 @@ fn record(
     }
 }
 
-/// Runs the engine commands of one batch, in order, as one executor job.
-/// Returns each reply with its engine time, and how long the job waited:
-/// in the executor queue (submit to start) plus the hand-back to the network
-/// thread (job end to this task resuming).
+/// Runs the engine commands of one batch, in order, as one executor job
+/// (a run of plain GETs as a [`GetBatch`], which a read worker may merge
+/// with other connections'). Returns each reply with its engine time, and
+/// how long the job waited: in the executor queue (submit to start) plus
+/// the hand-back to the network thread (job end to this task resuming).
 async fn run_on_executor(
     state: &Arc<NodeState>,
     exec: &Pools,
     jobs: Vec<(Cmd, Vec<Bytes>)>,
 ) -> Option<(Vec<(Reply, CallTime)>, Duration)> {
     let (tx, rx) = oneshot::channel();
-    let st = state.clone();
     let submitted = Instant::now();
-    let writes = jobs.iter().any(|(cmd, _)| cmd.writes());
-    exec.submit(
-        Box::new(move || {
-            let queued = submitted.elapsed();
-            let replies = crate::data::execute_batch(&st, &jobs);
-            let _ = tx.send((replies, queued, Instant::now()));
-        }),
-        writes,
-    )
-    .ok()?;
+    if jobs
+        .iter()
+        .all(|(cmd, args)| *cmd == Cmd::Get && args.len() == 2)
+    {
+        let keys = jobs
+            .into_iter()
+            .map(|(_, mut args)| args.swap_remove(1))
+            .collect();
+        exec.submit_gets(GetBatch {
+            state: state.clone(),
+            keys,
+            submitted,
+            reply: tx,
+        })
+        .ok()?;
+    } else {
+        let st = state.clone();
+        let writes = jobs.iter().any(|(cmd, _)| cmd.writes());
+        exec.submit(
+            Box::new(move || {
+                let queued = submitted.elapsed();
+                let replies = crate::data::execute_batch(&st, &jobs);
+                let _ = tx.send((replies, queued, Instant::now()));
+            }),
+            writes,
+        )
+        .ok()?;
+    }
     let (replies, queued, done) = rx.await.ok()?;
     Some((replies, queued + done.elapsed()))
 }

@@ -160,6 +160,48 @@ fn group_kind((cmd, args): &(Cmd, Vec<Bytes>)) -> Option<Group> {
     }
 }
 
+/// Serves GET batches of several connections with one multi-get (their
+/// values are read from the device in one batch), then answers each. If
+/// the combined call fails, each key is read alone so every reply carries
+/// its own outcome. Each GET is charged an equal share of the call's time.
+pub fn execute_gets(group: Vec<crate::exec::GetBatch>) {
+    let Some(state) = group.first().map(|g| g.state.clone()) else {
+        return;
+    };
+    let queued: Vec<Duration> = group.iter().map(|g| g.submitted.elapsed()).collect();
+    let keys: Vec<&[u8]> = group
+        .iter()
+        .flat_map(|g| g.keys.iter().map(|k| &k[..]))
+        .collect();
+    let clock = CallClock::start();
+    let replies: Vec<(Reply, CallTime)> = match state.db.multi_get(&keys) {
+        Ok(vals) => {
+            let share = clock.stop().share(keys.len());
+            vals.into_iter()
+                .map(|v| (v.map_or(Reply::Null, Reply::Bulk), share))
+                .collect()
+        }
+        Err(_) => keys
+            .iter()
+            .map(|k| {
+                let clock = CallClock::start();
+                let r = match state.db.get(k) {
+                    Ok(v) => v.map_or(Reply::Null, Reply::Bulk),
+                    Err(e) => errors::engine(&e),
+                };
+                (r, clock.stop())
+            })
+            .collect(),
+    };
+    drop(keys);
+    let mut replies = replies.into_iter();
+    let done = Instant::now();
+    for (g, queued) in group.into_iter().zip(queued) {
+        let mine: Vec<(Reply, CallTime)> = replies.by_ref().take(g.keys.len()).collect();
+        let _ = g.reply.send((mine, queued, done));
+    }
+}
+
 fn get_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
     let keys: Vec<&[u8]> = run.iter().map(|(_, a)| &a[1][..]).collect();
     let vals = state.db.multi_get(&keys).ok()?;

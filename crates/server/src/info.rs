@@ -59,7 +59,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("uptime_in_seconds", &state.started.elapsed().as_secs());
             line("io_threads", &1);
             line("executor_threads", &state.config.write_threads());
-            line("read_threads", &state.config.read_threads);
+            line("read_threads", &state.config.read_threads());
             line("durability", &state.config.durability);
             line("data_dir", &state.config.data_dir.display());
         }

@@ -66,7 +66,8 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         max_inline: usize::try_from(config.max_inline.0).unwrap_or(usize::MAX),
     };
     let exec = Arc::new(
-        Pools::start(config.read_threads, config.write_threads()).map_err(ServerError::Runtime)?,
+        Pools::start(config.read_threads(), config.write_threads())
+            .map_err(ServerError::Runtime)?,
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -230,7 +230,7 @@ fn settings(state: &NodeState) -> Vec<(&'static str, String)> {
         ("dir", c.data_dir.display().to_string()),
         ("io-threads", "1".into()),
         ("executor-threads", c.write_threads().to_string()),
-        ("read-threads", c.read_threads.to_string()),
+        ("read-threads", c.read_threads().to_string()),
     ]
 }
 
