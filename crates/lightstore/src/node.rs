@@ -38,7 +38,7 @@ pub struct NodeArgs {
     /// Most simultaneous clients (default 10000).
     #[arg(long)]
     maxclients: Option<usize>,
-    /// Executor threads running writes (default 16; 64 under sync durability).
+    /// Executor threads running writes (default 16).
     #[arg(long)]
     threads: Option<usize>,
     /// Executor threads running reads, each with a batch of device reads in flight

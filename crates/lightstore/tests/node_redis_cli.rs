@@ -348,3 +348,72 @@ fn merged_gets_of_many_connections_answer_each_its_own() {
         }
     });
 }
+
+/// Write workers merge the plain-SET runs of many connections into one
+/// batch. Every SET must still get its own reply (an invalid one fails
+/// alone, also when it rode in a merged batch) and every acknowledged SET
+/// must be readable afterwards.
+#[test]
+fn merged_sets_of_many_connections_answer_each_its_own() {
+    use std::io::Write;
+    let n = Node::start(&["--durability", "sync"]);
+    let value =
+        |c: usize, r: usize, i: usize| format!("v{c}.{r}.{i}-{}", "y".repeat((c * r + i) % 500));
+    std::thread::scope(|scope| {
+        for client in 0..16usize {
+            let n = &n;
+            scope.spawn(move || {
+                let mut conn = BufReader::new(n.connect());
+                for round in 0..30usize {
+                    let run = 1 + (client + round) % 16;
+                    // Client 3 puts an invalid (empty) key in the middle of some runs.
+                    let bad = (client == 3 && round % 4 == 0).then_some(run / 2);
+                    let mut req = Vec::new();
+                    for i in 0..run {
+                        let key = if bad == Some(i) {
+                            String::new()
+                        } else {
+                            format!("c{client}-r{round}-i{i}")
+                        };
+                        req.extend(encode(&[
+                            b"SET",
+                            key.as_bytes(),
+                            value(client, round, i).as_bytes(),
+                        ]));
+                    }
+                    conn.get_mut().write_all(&req).expect("write");
+                    for i in 0..run {
+                        let reply = read_reply(&mut conn).expect("reply");
+                        if bad == Some(i) {
+                            assert!(
+                                matches!(reply, Resp::Error(_)),
+                                "client {client} round {round}: {reply:?}"
+                            );
+                        } else {
+                            assert_eq!(
+                                reply,
+                                Resp::Simple("OK".into()),
+                                "client {client} round {round} set {i}"
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let mut conn = BufReader::new(n.connect());
+    for client in 0..16usize {
+        for round in 0..30usize {
+            let run = 1 + (client + round) % 16;
+            let bad = (client == 3 && round % 4 == 0).then_some(run / 2);
+            for i in (0..run).filter(|i| bad != Some(*i)) {
+                let key = format!("c{client}-r{round}-i{i}");
+                assert_eq!(
+                    call(&mut conn, &[b"GET", key.as_bytes()]),
+                    Resp::Bulk(value(client, round, i).into_bytes()),
+                    "{key}"
+                );
+            }
+        }
+    }
+}

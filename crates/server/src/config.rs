@@ -84,9 +84,9 @@ pub struct Config {
     /// Longest inline command line.
     pub max_inline: Size,
     /// Executor threads running writes (SET, MSET, DEL, VSET, VDEL, and
-    /// pipelined batches holding any). Default: 16, or 64 under `sync`
-    /// durability, where writers wait for the group commit and more of them
-    /// make larger groups.
+    /// pipelined batches holding any). Default 16: a worker merges the
+    /// plain-SET runs waiting in the queue into one batch, so under `sync`
+    /// durability a few workers already make large group commits.
     pub threads: Option<usize>,
     /// Executor threads running reads (GET, MGET, RANGE, SCAN, ...). Each
     /// keeps a whole batch of device reads in flight through io_uring, so a
@@ -133,11 +133,7 @@ impl Config {
 
     /// Threads of the write pool after defaults (see [`Config::threads`]).
     pub fn write_threads(&self) -> usize {
-        self.threads.unwrap_or(if self.durability.trim() == "sync" {
-            64
-        } else {
-            16
-        })
+        self.threads.unwrap_or(16)
     }
 
     /// Loads a TOML file; missing keys keep their defaults.

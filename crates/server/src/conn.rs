@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::cmd::{arity_ok, errors, is_refused, Cmd};
 use crate::data::CallTime;
-use crate::exec::{GetBatch, Pools};
+use crate::exec::{Pools, Run};
 use crate::metrics::{micros, Breakdown};
 use crate::session::{noauth, run_local, Outcome, Session};
 use crate::state::{Counters, NodeState};
@@ -272,8 +272,8 @@ fn record(
 }
 
 /// Runs the engine commands of one batch, in order, as one executor job
-/// (a run of plain GETs as a [`GetBatch`], which a read worker may merge
-/// with other connections'). Returns each reply with its engine time, and
+/// (a run of plain GETs or plain SETs as a [`Run`], which a worker may
+/// merge with other connections'). Returns each reply with its engine time, and
 /// how long the job waited: in the executor queue (submit to start) plus
 /// the hand-back to the network thread (job end to this task resuming).
 async fn run_on_executor(
@@ -283,21 +283,22 @@ async fn run_on_executor(
 ) -> Option<(Vec<(Reply, CallTime)>, Duration)> {
     let (tx, rx) = oneshot::channel();
     let submitted = Instant::now();
-    if jobs
+    let all_gets = jobs.iter().all(|(cmd, _)| *cmd == Cmd::Get);
+    let all_sets = jobs
         .iter()
-        .all(|(cmd, args)| *cmd == Cmd::Get && args.len() == 2)
-    {
-        let keys = jobs
-            .into_iter()
-            .map(|(_, mut args)| args.swap_remove(1))
-            .collect();
-        exec.submit_gets(GetBatch {
+        .all(|(cmd, args)| *cmd == Cmd::Set && args.len() == 3);
+    if all_gets || all_sets {
+        let run = Run {
             state: state.clone(),
-            keys,
+            cmds: jobs,
             submitted,
             reply: tx,
-        })
-        .ok()?;
+        };
+        if all_gets {
+            exec.submit_gets(run).ok()?;
+        } else {
+            exec.submit_sets(run).ok()?;
+        }
     } else {
         let st = state.clone();
         let writes = jobs.iter().any(|(cmd, _)| cmd.writes());

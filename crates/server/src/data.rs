@@ -160,18 +160,18 @@ fn group_kind((cmd, args): &(Cmd, Vec<Bytes>)) -> Option<Group> {
     }
 }
 
-/// Serves GET batches of several connections with one multi-get (their
-/// values are read from the device in one batch), then answers each. If
-/// the combined call fails, each key is read alone so every reply carries
-/// its own outcome. Each GET is charged an equal share of the call's time.
-pub fn execute_gets(group: Vec<crate::exec::GetBatch>) {
-    let Some(state) = group.first().map(|g| g.state.clone()) else {
+/// Serves GET runs of several connections with one multi-get (their values
+/// are read from the device in one batch), then answers each. If the
+/// combined call fails, each key is read alone so every reply carries its
+/// own outcome. Each GET is charged an equal share of the call's time.
+pub fn execute_gets(group: Vec<crate::exec::Run>) {
+    let Some(state) = group.first().map(|r| r.state.clone()) else {
         return;
     };
-    let queued: Vec<Duration> = group.iter().map(|g| g.submitted.elapsed()).collect();
+    let queued: Vec<Duration> = group.iter().map(|r| r.submitted.elapsed()).collect();
     let keys: Vec<&[u8]> = group
         .iter()
-        .flat_map(|g| g.keys.iter().map(|k| &k[..]))
+        .flat_map(|r| r.cmds.iter().map(|(_, args)| &args[1][..]))
         .collect();
     let clock = CallClock::start();
     let replies: Vec<(Reply, CallTime)> = match state.db.multi_get(&keys) {
@@ -196,9 +196,43 @@ pub fn execute_gets(group: Vec<crate::exec::GetBatch>) {
     drop(keys);
     let mut replies = replies.into_iter();
     let done = Instant::now();
-    for (g, queued) in group.into_iter().zip(queued) {
-        let mine: Vec<(Reply, CallTime)> = replies.by_ref().take(g.keys.len()).collect();
-        let _ = g.reply.send((mine, queued, done));
+    for (run, queued) in group.into_iter().zip(queued) {
+        let mine: Vec<(Reply, CallTime)> = replies.by_ref().take(run.cmds.len()).collect();
+        let _ = run.reply.send((mine, queued, done));
+    }
+}
+
+/// Serves plain-SET runs of several connections with one atomic write
+/// batch (one log append; under `sync` durability one device sync), then
+/// answers each. If the combined batch fails (an invalid key, a full
+/// device), each run is executed on its own so every reply carries its own
+/// outcome. Each SET is charged an equal share of the batch's time.
+pub fn execute_sets(group: Vec<crate::exec::Run>) {
+    let Some(state) = group.first().map(|r| r.state.clone()) else {
+        return;
+    };
+    let queued: Vec<Duration> = group.iter().map(|r| r.submitted.elapsed()).collect();
+    let ops: Vec<BatchOp> = group
+        .iter()
+        .flat_map(|r| {
+            r.cmds
+                .iter()
+                .map(|(_, a)| BatchOp::Put(a[1].clone(), a[2].clone()))
+        })
+        .collect();
+    let clock = CallClock::start();
+    let merged = {
+        let _shared = state.write_order.read();
+        state.db.write_batch(&ops)
+    };
+    drop(ops);
+    let share = clock.stop().share(group.iter().map(|r| r.cmds.len()).sum());
+    for (run, queued) in group.into_iter().zip(queued) {
+        let replies = match merged {
+            Ok(()) => vec![(Reply::ok(), share); run.cmds.len()],
+            Err(_) => execute_batch(&state, &run.cmds),
+        };
+        let _ = run.reply.send((replies, queued, Instant::now()));
     }
 }
 

@@ -1,12 +1,13 @@
-//! The executor pools: fixed sets of threads taking jobs from lock-free
+//! The executor pools: fixed sets of threads taking work from lock-free
 //! (crossbeam) queues. Engine calls block on device reads and group-commit
 //! syncs, so they run here and never on the network thread. A job that
 //! panics is caught and its result channel dropped; the thread lives on.
 //!
-//! Read workers also merge work: batches of plain GETs from different
-//! connections that wait in the queue together are served by one
-//! multi-get, so their values are read in one io_uring submission and one
-//! worker wake-up serves many clients.
+//! Workers also merge work of different connections that waits in the
+//! queue together: runs of plain GETs become one multi-get (their values
+//! are read in one io_uring submission), runs of plain SETs one atomic
+//! write batch (one log append, one sync under `sync` durability). One
+//! worker wake-up then serves many clients.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -19,87 +20,100 @@ use parking_lot::Mutex;
 use protocol::Reply;
 use tokio::sync::oneshot;
 
+use crate::cmd::Cmd;
 use crate::data::CallTime;
 use crate::state::NodeState;
 
-/// Keys a read worker gathers from waiting GET batches into one multi-get.
-const MAX_MERGED_KEYS: usize = 128;
+/// Keys a read worker gathers from waiting GET runs into one multi-get.
+const MAX_MERGED_GETS: usize = 128;
+/// SETs a write worker gathers from waiting SET runs into one batch, and
+/// their largest total size (keys and values).
+const MAX_MERGED_SETS: usize = 256;
+const MAX_MERGED_SET_BYTES: usize = 4 << 20;
 
 /// A unit of work.
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
-
-/// The pool was shut down; the job was not queued.
-#[derive(Debug, thiserror::Error)]
-#[error("executor pool is stopped")]
-pub struct Stopped;
-
-/// A fixed pool of executor threads.
-pub struct Executor {
-    tx: Mutex<Option<Sender<Job>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl Executor {
-    /// Starts `n` threads named `<name>-<i>`.
-    pub fn start_named(name: &str, n: usize) -> std::io::Result<Executor> {
-        let (tx, rx) = unbounded::<Job>();
-        let mut threads = Vec::with_capacity(n);
-        for i in 0..n {
-            let rx = rx.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("{name}-{i}"))
-                    .spawn(move || {
-                        while let Ok(job) = rx.recv() {
-                            run_caught(job);
-                        }
-                    })?,
-            );
-        }
-        Ok(Executor {
-            tx: Mutex::new(Some(tx)),
-            threads: Mutex::new(threads),
-        })
-    }
-
-    /// Queues a job.
-    pub fn submit(&self, job: Job) -> Result<(), Stopped> {
-        match self.tx.lock().as_ref() {
-            Some(tx) => tx.send(job).map_err(|_| Stopped),
-            None => Err(Stopped),
-        }
-    }
-
-    /// Stops taking jobs, lets queued ones finish and joins the threads.
-    pub fn shutdown(&self) {
-        self.tx.lock().take();
-        let threads = std::mem::take(&mut *self.threads.lock());
-        for t in threads {
-            let _ = t.join();
-        }
-    }
-}
 
 /// Replies of one engine batch with their engine times, how long it
 /// waited in the queue, and when it finished (for the hand-back time).
 pub type BatchResult = (Vec<(Reply, CallTime)>, Duration, Instant);
 
-/// One connection's pipelined run of plain `GET key`s.
-pub struct GetBatch {
-    /// The node (every batch of a merged group has the same one).
+/// One connection's pipelined run of engine commands that a worker may
+/// merge with other connections' runs of the same kind: all plain
+/// `GET key` ([`Pools::submit_gets`]) or all plain `SET key value`
+/// ([`Pools::submit_sets`]).
+pub struct Run {
+    /// The node (every run of a merged group has the same one).
     pub state: Arc<NodeState>,
-    /// The keys, in request order.
-    pub keys: Vec<Bytes>,
+    /// The commands, in request order.
+    pub cmds: Vec<(Cmd, Vec<Bytes>)>,
     /// When it was queued.
     pub submitted: Instant,
     /// Where its replies go.
     pub reply: oneshot::Sender<BatchResult>,
 }
 
-/// Work for the read pool.
-enum ReadWork {
+impl Run {
+    /// Bytes of its arguments (for the merge size limit).
+    fn bytes(&self) -> usize {
+        self.cmds
+            .iter()
+            .map(|(_, args)| args.iter().map(|a| a.len()).sum::<usize>())
+            .sum()
+    }
+}
+
+/// Work for a pool.
+enum Work {
     Job(Job),
-    Gets(GetBatch),
+    Gets(Run),
+    Sets(Run),
+}
+
+/// The pool was shut down; the job was not queued.
+#[derive(Debug, thiserror::Error)]
+#[error("executor pool is stopped")]
+pub struct Stopped;
+
+/// A fixed pool of executor threads sharing one queue.
+struct Pool {
+    tx: Mutex<Option<Sender<Work>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Pool {
+    /// Starts `n` threads named `<name>-<i>`.
+    fn start(name: &str, n: usize) -> std::io::Result<Pool> {
+        let (tx, rx) = unbounded::<Work>();
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let rx = rx.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("{name}-{i}"))
+                    .spawn(move || worker(&rx))?,
+            );
+        }
+        Ok(Pool {
+            tx: Mutex::new(Some(tx)),
+            threads: Mutex::new(threads),
+        })
+    }
+
+    fn send(&self, work: Work) -> Result<(), Stopped> {
+        match self.tx.lock().as_ref() {
+            Some(tx) => tx.send(work).map_err(|_| Stopped),
+            None => Err(Stopped),
+        }
+    }
+
+    /// Stops taking work, lets queued work finish and joins the threads.
+    fn shutdown(&self) {
+        self.tx.lock().take();
+        for t in std::mem::take(&mut *self.threads.lock()) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The node's two pools: writes (a few threads; under `sync` durability
@@ -107,93 +121,92 @@ enum ReadWork {
 /// device reads in flight). A job goes to the write pool if it holds any
 /// write, so one connection's batch keeps its order.
 pub struct Pools {
-    reads: Mutex<Option<Sender<ReadWork>>>,
-    read_threads: Mutex<Vec<JoinHandle<()>>>,
-    writes: Executor,
+    reads: Pool,
+    writes: Pool,
 }
 
 impl Pools {
     /// Starts both pools.
     pub fn start(read_threads: usize, write_threads: usize) -> std::io::Result<Pools> {
-        let (tx, rx) = unbounded::<ReadWork>();
-        let mut threads = Vec::with_capacity(read_threads);
-        for i in 0..read_threads {
-            let rx = rx.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("ls-read-{i}"))
-                    .spawn(move || read_worker(&rx))?,
-            );
-        }
         Ok(Pools {
-            reads: Mutex::new(Some(tx)),
-            read_threads: Mutex::new(threads),
-            writes: Executor::start_named("ls-exec", write_threads)?,
+            reads: Pool::start("ls-read", read_threads)?,
+            writes: Pool::start("ls-exec", write_threads)?,
         })
     }
 
     /// Queues a job on the write pool (`writes`) or the read pool.
     pub fn submit(&self, job: Job, writes: bool) -> Result<(), Stopped> {
-        if writes {
-            self.writes.submit(job)
-        } else {
-            self.send_read(ReadWork::Job(job))
-        }
+        let pool = if writes { &self.writes } else { &self.reads };
+        pool.send(Work::Job(job))
     }
 
     /// Queues a run of plain GETs on the read pool.
-    pub fn submit_gets(&self, batch: GetBatch) -> Result<(), Stopped> {
-        self.send_read(ReadWork::Gets(batch))
+    pub fn submit_gets(&self, run: Run) -> Result<(), Stopped> {
+        self.reads.send(Work::Gets(run))
     }
 
-    fn send_read(&self, work: ReadWork) -> Result<(), Stopped> {
-        match self.reads.lock().as_ref() {
-            Some(tx) => tx.send(work).map_err(|_| Stopped),
-            None => Err(Stopped),
-        }
+    /// Queues a run of plain SETs on the write pool.
+    pub fn submit_sets(&self, run: Run) -> Result<(), Stopped> {
+        self.writes.send(Work::Sets(run))
     }
 
-    /// Stops both pools, letting queued jobs finish.
+    /// Stops both pools, letting queued work finish.
     pub fn shutdown(&self) {
-        self.reads.lock().take();
-        for t in std::mem::take(&mut *self.read_threads.lock()) {
-            let _ = t.join();
-        }
+        self.reads.shutdown();
         self.writes.shutdown();
     }
 }
 
-/// A read worker: runs jobs; for GET batches, first gathers the GET
-/// batches already waiting behind it (up to [`MAX_MERGED_KEYS`] keys).
-fn read_worker(rx: &Receiver<ReadWork>) {
-    let mut after: Option<Job> = None;
+/// A worker: runs jobs; for a mergeable run, first gathers the runs of the
+/// same kind already waiting behind it, within the merge limits.
+fn worker(rx: &Receiver<Work>) {
+    let mut next: Option<Work> = None;
     loop {
-        let work = match after.take() {
-            Some(job) => ReadWork::Job(job),
+        let work = match next.take() {
+            Some(w) => w,
             None => match rx.recv() {
                 Ok(w) => w,
                 Err(_) => return,
             },
         };
         match work {
-            ReadWork::Job(job) => run_caught(job),
-            ReadWork::Gets(first) => {
-                let mut keys = first.keys.len();
+            Work::Job(job) => run_caught(job),
+            Work::Gets(first) => {
+                let mut keys = first.cmds.len();
                 let mut group = vec![first];
-                while keys < MAX_MERGED_KEYS {
+                while keys < MAX_MERGED_GETS {
                     match rx.try_recv() {
-                        Ok(ReadWork::Gets(g)) => {
-                            keys += g.keys.len();
-                            group.push(g);
+                        Ok(Work::Gets(run)) => {
+                            keys += run.cmds.len();
+                            group.push(run);
                         }
-                        Ok(ReadWork::Job(job)) => {
-                            after = Some(job);
+                        Ok(other) => {
+                            next = Some(other);
                             break;
                         }
                         Err(_) => break,
                     }
                 }
                 run_caught(Box::new(move || crate::data::execute_gets(group)));
+            }
+            Work::Sets(first) => {
+                let (mut sets, mut bytes) = (first.cmds.len(), first.bytes());
+                let mut group = vec![first];
+                while sets < MAX_MERGED_SETS && bytes < MAX_MERGED_SET_BYTES {
+                    match rx.try_recv() {
+                        Ok(Work::Sets(run)) => {
+                            sets += run.cmds.len();
+                            bytes += run.bytes();
+                            group.push(run);
+                        }
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                run_caught(Box::new(move || crate::data::execute_sets(group)));
             }
         }
     }
@@ -209,22 +222,27 @@ fn run_caught(job: Job) {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     #[test]
     fn runs_jobs_survives_panics_and_drains_on_shutdown() {
-        let ex = Executor::start_named("test", 2).unwrap();
+        let pools = Pools::start(2, 2).unwrap();
         let n = Arc::new(AtomicUsize::new(0));
-        ex.submit(Box::new(|| panic!("boom"))).unwrap();
-        for _ in 0..100 {
+        pools.submit(Box::new(|| panic!("boom")), false).unwrap();
+        pools.submit(Box::new(|| panic!("boom")), true).unwrap();
+        for i in 0..100 {
             let n = n.clone();
-            ex.submit(Box::new(move || {
-                n.fetch_add(1, Ordering::SeqCst);
-            }))
-            .unwrap();
+            pools
+                .submit(
+                    Box::new(move || {
+                        n.fetch_add(1, Ordering::SeqCst);
+                    }),
+                    i % 2 == 0,
+                )
+                .unwrap();
         }
-        ex.shutdown();
+        pools.shutdown();
         assert_eq!(n.load(Ordering::SeqCst), 100);
-        assert!(ex.submit(Box::new(|| {})).is_err());
+        assert!(pools.submit(Box::new(|| {}), false).is_err());
+        assert!(pools.submit(Box::new(|| {}), true).is_err());
     }
 }
