@@ -172,44 +172,51 @@ fn worker(rx: &Receiver<Work>) {
         match work {
             Work::Job(job) => run_caught(job),
             Work::Gets(first) => {
-                let mut keys = first.cmds.len();
-                let mut group = vec![first];
-                while keys < MAX_MERGED_GETS {
-                    match rx.try_recv() {
-                        Ok(Work::Gets(run)) => {
-                            keys += run.cmds.len();
-                            group.push(run);
-                        }
-                        Ok(other) => {
-                            next = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
+                let take = |w| match w {
+                    Work::Gets(run) => Ok(run),
+                    other => Err(other),
+                };
+                let group;
+                (group, next) = gather(rx, first, MAX_MERGED_GETS, usize::MAX, take);
                 run_caught(Box::new(move || crate::data::execute_gets(group)));
             }
             Work::Sets(first) => {
-                let (mut sets, mut bytes) = (first.cmds.len(), first.bytes());
-                let mut group = vec![first];
-                while sets < MAX_MERGED_SETS && bytes < MAX_MERGED_SET_BYTES {
-                    match rx.try_recv() {
-                        Ok(Work::Sets(run)) => {
-                            sets += run.cmds.len();
-                            bytes += run.bytes();
-                            group.push(run);
-                        }
-                        Ok(other) => {
-                            next = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
+                let take = |w| match w {
+                    Work::Sets(run) => Ok(run),
+                    other => Err(other),
+                };
+                let group;
+                (group, next) = gather(rx, first, MAX_MERGED_SETS, MAX_MERGED_SET_BYTES, take);
                 run_caught(Box::new(move || crate::data::execute_sets(group)));
             }
         }
     }
+}
+
+/// Takes from the queue, without waiting, the runs `take` accepts until
+/// the group holds `max_cmds` commands or `max_bytes` bytes. Returns the
+/// group and the first item of another kind, which ends the gathering.
+fn gather(
+    rx: &Receiver<Work>,
+    first: Run,
+    max_cmds: usize,
+    max_bytes: usize,
+    take: impl Fn(Work) -> Result<Run, Work>,
+) -> (Vec<Run>, Option<Work>) {
+    let (mut cmds, mut bytes) = (first.cmds.len(), first.bytes());
+    let mut group = vec![first];
+    while cmds < max_cmds && bytes < max_bytes {
+        let Ok(work) = rx.try_recv() else { break };
+        match take(work) {
+            Ok(run) => {
+                cmds += run.cmds.len();
+                bytes += run.bytes();
+                group.push(run);
+            }
+            Err(other) => return (group, Some(other)),
+        }
+    }
+    (group, None)
 }
 
 fn run_caught(job: Job) {
