@@ -134,7 +134,8 @@ fn run(ring: &mut IoUring, fd: RawFd, reqs: &mut [(u64, &mut [u8])]) -> io::Resu
         if in_flight == 0 {
             break;
         }
-        wait_one(ring)?;
+        // One wake-up for the whole batch: the caller needs every read anyway.
+        wait_for(ring, in_flight)?;
         for cqe in ring.completion() {
             in_flight -= 1;
             let i = cqe.user_data() as usize;
@@ -161,13 +162,14 @@ fn run(ring: &mut IoUring, fd: RawFd, reqs: &mut [(u64, &mut [u8])]) -> io::Resu
     }
 }
 
-/// Submits what is queued and waits for at least one completion. Interrupted
+/// Submits what is queued and waits until the completion queue holds
+/// `want` entries (the caller reaps it empty each time). Interrupted
 /// and busy waits are retried; any other failure would leave reads in flight
 /// in buffers the caller is about to free, so it is fatal.
-fn wait_one(ring: &mut IoUring) -> io::Result<()> {
+fn wait_for(ring: &mut IoUring, want: usize) -> io::Result<()> {
     let mut attempts = 0u32;
     loop {
-        match ring.submit_and_wait(1) {
+        match ring.submit_and_wait(want) {
             Ok(_) => return Ok(()),
             Err(e)
                 if matches!(
