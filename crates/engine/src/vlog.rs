@@ -660,10 +660,12 @@ impl ValueLog {
                     .collect();
                 self.flash.read_many(&mut batch)?;
             }
-            for ((_, a, _, members), buf) in extents.iter().zip(&bufs) {
+            for ((_, a, _, members), buf) in extents.iter().zip(bufs) {
+                // Values are slices of the read buffer: no copy.
+                let buf = Bytes::from_owner(buf);
                 for &d in members {
                     let (i, epoch, s, e) = device[d];
-                    let raw = buf[(s - a) as usize..(e - a) as usize].to_vec();
+                    let raw = buf.slice((s - a) as usize..(e - a) as usize);
                     let (ptr, key, seq) = reqs[i];
                     out[i] = Some((Self::value_of(raw, ptr, epoch, key, seq)?, true));
                 }
@@ -687,7 +689,7 @@ impl ValueLog {
     }
 
     /// Verifies the record bytes read for `ptr` and returns its value.
-    fn value_of(raw: Vec<u8>, ptr: ValuePtr, epoch: u64, key: &[u8], seq: SeqNo) -> Result<Bytes> {
+    fn value_of(raw: Bytes, ptr: ValuePtr, epoch: u64, key: &[u8], seq: SeqNo) -> Result<Bytes> {
         let rec = record::decode(&raw, epoch).map_err(|e| match e {
             record::DecodeError::Checksum { expected, got } => Error::ChecksumMismatch {
                 what: "value record",
@@ -702,7 +704,7 @@ impl ValueLog {
             )));
         }
         let (start, len) = (HEADER_LEN + key.len(), rec.value.len());
-        Ok(Bytes::from(raw).slice(start..start + len))
+        Ok(raw.slice(start..start + len))
     }
 
     fn epoch_of(&self, ptr: ValuePtr) -> Result<u64> {
@@ -716,7 +718,7 @@ impl ValueLog {
 
     /// Returns exactly the record's bytes and whether the device was read:
     /// from the in-memory chunks if they still hold it, else one device read.
-    fn read_record_bytes(&self, ptr: ValuePtr, epoch: u64) -> Result<(Vec<u8>, bool)> {
+    fn read_record_bytes(&self, ptr: ValuePtr, epoch: u64) -> Result<(Bytes, bool)> {
         let start = u64::from(ptr.offset);
         let end = start + u64::from(ptr.len);
         if end > self.seg_bytes {
@@ -757,14 +759,14 @@ impl ValueLog {
                 }
             }
             if covered_from == start {
-                return Ok((out, false));
+                return Ok((out.into(), false));
             }
             if covered_from < end {
                 // The head is on the device, the tail still in memory.
                 drop(inner);
                 let head = self.read_device(ptr.seg, start, covered_from)?;
                 out[..(covered_from - start) as usize].copy_from_slice(&head);
-                return Ok((out, true));
+                return Ok((out.into(), true));
             }
         }
         Ok((self.read_device(ptr.seg, start, end)?, true))
@@ -772,13 +774,14 @@ impl ValueLog {
 
     /// Reads `[start, end)` of a segment with one device read, widened to
     /// the device's read granularity.
-    pub fn read_device(&self, seg: SegmentId, start: u64, end: u64) -> Result<Vec<u8>> {
+    pub fn read_device(&self, seg: SegmentId, start: u64, end: u64) -> Result<Bytes> {
         let align = READ_ALIGN as u64;
         let a = start / align * align;
         let b = end.div_ceil(align) * align;
         let mut buf = AlignedBuf::new_zeroed((b - a) as usize);
         self.flash.read(seg, a, &mut buf[..(b - a) as usize])?;
-        Ok(buf[(start - a) as usize..(end - a) as usize].to_vec())
+        // A slice of the read buffer, not a copy.
+        Ok(Bytes::from_owner(buf).slice((start - a) as usize..(end - a) as usize))
     }
 
     /// Accounting of every log segment.
