@@ -240,6 +240,21 @@ mod tests {
         }
     }
 
+    /// A read that starts inside the file and runs past its end is
+    /// continued after the short read and then reported as end of file.
+    #[test]
+    fn short_read_is_continued_then_reported() {
+        let (f, data) = file_with(10_000);
+        let mut a = vec![0u8; 1000];
+        let mut b = vec![0u8; 300];
+        let mut reqs: Vec<(u64, &mut [u8])> = vec![(9_500, &mut a), (100, &mut b)];
+        if let Some(r) = read_batch(f.as_file().as_raw_fd(), &mut reqs) {
+            assert_eq!(r.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+            assert_eq!(&a[..500], &data[9_500..]);
+            assert_eq!(&b[..], &data[100..400]);
+        }
+    }
+
     #[test]
     fn bad_descriptor_is_an_error() {
         let mut a = vec![0u8; 10];
