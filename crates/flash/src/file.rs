@@ -141,12 +141,17 @@ impl FileDevice {
         Ok(())
     }
 
+    /// `[offset, offset + len)` widened to whole [`IO_ALIGN`] blocks, the
+    /// end capped at the block holding the device's last byte.
+    fn widened(&self, offset: u64, len: usize) -> (u64, u64) {
+        let a = IO_ALIGN as u64;
+        let end = (offset + len as u64).div_ceil(a) * a;
+        (offset / a * a, end.min(self.capacity.div_ceil(a) * a))
+    }
+
     /// Reads through a bounce buffer widened to whole 4 KiB blocks.
     fn read_widened(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let align = IO_ALIGN as u64;
-        let start = offset / align * align;
-        let end = (offset + buf.len() as u64).div_ceil(align) * align;
-        let end = end.min(self.capacity.div_ceil(align) * align);
+        let (start, end) = self.widened(offset, buf.len());
         let mut bounce = AlignedBuf::new_zeroed((end - start) as usize);
         self.file
             .read_exact_at(&mut bounce[..(end - start) as usize], start)?;
@@ -373,10 +378,7 @@ impl FileDevice {
                     && offset.is_multiple_of(align)
                     && (buf.len() as u64).is_multiple_of(align));
             if !fits {
-                let a = IO_ALIGN as u64;
-                let start = offset / a * a;
-                let end = (offset + buf.len() as u64).div_ceil(a) * a;
-                let end = end.min(self.capacity.div_ceil(a) * a);
+                let (start, end) = self.widened(*offset, buf.len());
                 bounced.push((i, start, AlignedBuf::new_zeroed((end - start) as usize)));
             }
         }
@@ -417,14 +419,11 @@ impl FileDevice {
         // blocks where the file system wants them); results are copied back
         // in order.
         let widen = self.direct && !self.sub_block_reads.load(Ordering::Relaxed);
-        let a = IO_ALIGN as u64;
-        let limit = self.capacity.div_ceil(a) * a;
         let jobs = reqs.iter().map(|(offset, buf)| {
             let file = Arc::clone(&self.file);
             let direct = self.direct;
             let (start, end) = if widen {
-                let end = (offset + buf.len() as u64).div_ceil(a) * a;
-                (offset / a * a, end.min(limit))
+                self.widened(*offset, buf.len())
             } else {
                 (*offset, offset + buf.len() as u64)
             };

@@ -64,7 +64,7 @@ pub(crate) fn read_batch(fd: RawFd, reqs: &mut [(u64, &mut [u8])]) -> Option<io:
             match new_ring() {
                 Ok(ring) => *slot = Some(ring),
                 Err(e) => {
-                    tracing_off(&e);
+                    report_off(&e);
                     disable();
                     return None;
                 }
@@ -90,7 +90,7 @@ fn new_ring() -> io::Result<IoUring> {
 }
 
 /// Reports once why io_uring is off (the flash crate has no logger).
-fn tracing_off(e: &io::Error) {
+fn report_off(e: &io::Error) {
     if available() && std::env::var_os("LIGHTSTORE_NO_URING").is_none() {
         eprintln!("lightstore: io_uring unavailable ({e}); reads use the I/O thread pool");
     }

@@ -359,15 +359,22 @@ fn merged_sets_of_many_connections_answer_each_its_own() {
     let n = Node::start(&["--durability", "sync"]);
     let value =
         |c: usize, r: usize, i: usize| format!("v{c}.{r}.{i}-{}", "y".repeat((c * r + i) % 500));
+    // Each round's run length, and where client 3 puts an invalid (empty)
+    // key in the middle of some runs.
+    let shape = |client: usize, round: usize| {
+        let run = 1 + (client + round) % 16;
+        (
+            run,
+            (client == 3 && round.is_multiple_of(4)).then_some(run / 2),
+        )
+    };
     std::thread::scope(|scope| {
         for client in 0..16usize {
             let n = &n;
             scope.spawn(move || {
                 let mut conn = BufReader::new(n.connect());
                 for round in 0..30usize {
-                    let run = 1 + (client + round) % 16;
-                    // Client 3 puts an invalid (empty) key in the middle of some runs.
-                    let bad = (client == 3 && round % 4 == 0).then_some(run / 2);
+                    let (run, bad) = shape(client, round);
                     let mut req = Vec::new();
                     for i in 0..run {
                         let key = if bad == Some(i) {
@@ -404,8 +411,7 @@ fn merged_sets_of_many_connections_answer_each_its_own() {
     let mut conn = BufReader::new(n.connect());
     for client in 0..16usize {
         for round in 0..30usize {
-            let run = 1 + (client + round) % 16;
-            let bad = (client == 3 && round % 4 == 0).then_some(run / 2);
+            let (run, bad) = shape(client, round);
             for i in (0..run).filter(|i| bad != Some(*i)) {
                 let key = format!("c{client}-r{round}-i{i}");
                 assert_eq!(

@@ -162,8 +162,9 @@ fn group_kind((cmd, args): &(Cmd, Vec<Bytes>)) -> Option<Group> {
 
 /// Serves GET runs of several connections with one multi-get (their values
 /// are read from the device in one batch), then answers each. If the
-/// combined call fails, each key is read alone so every reply carries its
-/// own outcome. Each GET is charged an equal share of the call's time.
+/// combined call fails, each run is executed on its own so every reply
+/// carries its own outcome. Each GET is charged an equal share of the
+/// call's time.
 pub fn execute_gets(group: Vec<crate::exec::Run>) {
     let Some(state) = group.first().map(|r| r.state.clone()) else {
         return;
@@ -174,31 +175,20 @@ pub fn execute_gets(group: Vec<crate::exec::Run>) {
         .flat_map(|r| r.cmds.iter().map(|(_, args)| &args[1][..]))
         .collect();
     let clock = CallClock::start();
-    let replies: Vec<(Reply, CallTime)> = match state.db.multi_get(&keys) {
-        Ok(vals) => {
-            let share = clock.stop().share(keys.len());
-            vals.into_iter()
-                .map(|v| (v.map_or(Reply::Null, Reply::Bulk), share))
-                .collect()
-        }
-        Err(_) => keys
-            .iter()
-            .map(|k| {
-                let clock = CallClock::start();
-                let r = match state.db.get(k) {
-                    Ok(v) => v.map_or(Reply::Null, Reply::Bulk),
-                    Err(e) => errors::engine(&e),
-                };
-                (r, clock.stop())
-            })
-            .collect(),
-    };
+    let merged = state.db.multi_get(&keys);
+    let share = clock.stop().share(keys.len());
     drop(keys);
-    let mut replies = replies.into_iter();
-    let done = Instant::now();
+    let mut values = merged.as_ref().ok().map(|v| v.iter());
     for (run, queued) in group.into_iter().zip(queued) {
-        let mine: Vec<(Reply, CallTime)> = replies.by_ref().take(run.cmds.len()).collect();
-        let _ = run.reply.send((mine, queued, done));
+        let replies = match values.as_mut() {
+            Some(values) => values
+                .by_ref()
+                .take(run.cmds.len())
+                .map(|v| (v.clone().map_or(Reply::Null, Reply::Bulk), share))
+                .collect(),
+            None => execute_batch(&state, &run.cmds),
+        };
+        let _ = run.reply.send((replies, queued, Instant::now()));
     }
 }
 
