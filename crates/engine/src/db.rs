@@ -489,7 +489,7 @@ impl DbInner {
         let found = self.lookup(key, seq)?;
         let result = match found {
             Some(e) if e.kind == Kind::Put => {
-                let (v, device) = self.vlog.read_value(e.ptr, key, e.seq)?;
+                let (v, device) = self.vlog.read_value(e.ptr, key)?;
                 if device {
                     Counters::add(&self.counters.get_device_reads, 1);
                 }
@@ -514,10 +514,7 @@ impl DbInner {
                 }
             }
         }
-        let reqs: Vec<_> = found
-            .iter()
-            .map(|(i, e)| (e.ptr, keys[*i], e.seq))
-            .collect();
+        let reqs: Vec<_> = found.iter().map(|(i, e)| (e.ptr, keys[*i])).collect();
         let values = self.vlog.read_values(&reqs)?;
         let mut out = vec![None; keys.len()];
         let mut device_reads = self.ctx.block_reads.load(Ordering::Relaxed) - before;
@@ -543,7 +540,7 @@ impl DbInner {
         let found = self.visible_entries(start, end, limit, seq)?;
         let mut out = Vec::with_capacity(found.len());
         for chunk in found.chunks(SCAN_READ_BATCH) {
-            let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..], e.seq)).collect();
+            let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..])).collect();
             let values = self.vlog.read_values(&reqs)?;
             out.extend(
                 chunk

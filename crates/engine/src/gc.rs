@@ -112,11 +112,13 @@ impl DbInner {
             match rec.header.kind {
                 record::KIND_LINK => break,
                 record::KIND_PUT => {
+                    // Liveness compares places, not checksums.
                     let ptr = ValuePtr {
                         seg,
                         gen: meta.gen,
                         offset: off as u32,
                         len: len as u32,
+                        value_crc: 0,
                     };
                     match self.liveness(rec.key, rec.header.seq, ptr, &snapshots)? {
                         Liveness::Dead => {}
@@ -148,7 +150,7 @@ impl DbInner {
         snapshots: &[SeqNo],
     ) -> Result<Liveness> {
         let points_here = |e: Option<crate::types::Entry>| {
-            e.is_some_and(|e| e.kind == Kind::Put && e.seq == seq && e.ptr == ptr)
+            e.is_some_and(|e| e.kind == Kind::Put && e.seq == seq && e.ptr.same_record(&ptr))
         };
         if points_here(self.lookup(key, SeqNo::MAX)?) {
             return Ok(Liveness::Latest);

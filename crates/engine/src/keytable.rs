@@ -435,6 +435,7 @@ mod tests {
                 gen: 2,
                 offset: seq as u32,
                 len: 9,
+                value_crc: seq as u32 ^ 0xdead_beef,
             },
         }
     }

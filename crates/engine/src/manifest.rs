@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 use crate::types::SeqNo;
 use crate::vlog::{LogPosition, SegMeta};
 
-const MANIFEST_VERSION: u32 = 1;
+/// 2: value pointers carry their value's checksum (20 bytes, was 16).
+const MANIFEST_VERSION: u32 = 2;
 
 /// Where a keytable lives (its index is read from the device at open).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,7 +165,8 @@ impl Manifest {
         let version = r.u32()?;
         if version != MANIFEST_VERSION {
             return Err(Error::Corrupt(format!(
-                "unsupported manifest version {version}"
+                "unsupported manifest version {version} (this build reads version \
+                 {MANIFEST_VERSION}): the store was written by an incompatible LightStore"
             )));
         }
         let mut m = Manifest {

@@ -5,14 +5,20 @@
 //! ```text
 //! crc32c u32 | kind u8 | flags u8 | key_len u16 | value_len u32 | seq u64 | key | value
 //! ```
-//! The CRC covers the segment's epoch (8 bytes, not stored in the record)
-//! followed by everything after the CRC field. Seeding with the epoch makes a
+//! The CRC covers the segment's epoch (8 bytes, not stored in the record),
+//! the rest of the header and the key, then the value's own CRC32C (4 bytes
+//! little-endian, not stored in the record) in place of the value: the value
+//! is scanned once, and its CRC, kept in the index, verifies a read of the
+//! value alone. Seeding with the epoch makes a
 //! record left over from an earlier life of a reused segment fail its check,
 //! so stale bytes are never mistaken for the log tail.
 //!
-//! Kinds: `PUT` and `DELETE` are user records; `PAD` fills a page up to its
-//! end (after a sync, the next record starts on a fresh page so no page is
-//! ever programmed twice); `LINK` ends a segment and names the next one;
+//! Kinds: `PUT` and `DELETE` are user records; `PAD` is filler that readers
+//! skip: it fills a page up to its end (after a sync, the next record starts
+//! on a fresh page so no page is ever programmed twice) or, before a large
+//! value, the gap that makes the value start on a 512-byte boundary (so the
+//! value alone can be read, verified by the checksum of the value alone that
+//! its pointer keeps); `LINK` ends a segment and names the next one;
 //! `SEGMENT_HEADER` opens a segment. A record never starts in the last
 //! `HEADER_LEN - 1` bytes of a page; those bytes are implicit padding.
 
@@ -78,15 +84,32 @@ impl Header {
     }
 }
 
-/// Checksum of a record body seeded with the segment epoch.
-pub fn record_crc(epoch: u64, body_after_crc: &[u8]) -> u32 {
+/// Checksum of a record: its header after the CRC field and its key
+/// (`head`) and its value's checksum, seeded with the segment epoch.
+pub fn record_crc(epoch: u64, head: &[u8], value_crc: u32) -> u32 {
+    // One pass over a small contiguous copy: the CRC routine's setup costs
+    // more than these few bytes.
+    let mut buf = [0u8; 128];
+    let n = 8 + head.len() + 4;
+    if n <= buf.len() {
+        buf[..8].copy_from_slice(&epoch.to_le_bytes());
+        buf[8..8 + head.len()].copy_from_slice(head);
+        buf[8 + head.len()..n].copy_from_slice(&value_crc.to_le_bytes());
+        return crc32c::crc32c(&buf[..n]);
+    }
     let seed = crc32c::crc32c(&epoch.to_le_bytes());
-    crc32c::crc32c_append(seed, body_after_crc)
+    crc32c::crc32c_append(crc32c::crc32c_append(seed, head), &value_crc.to_le_bytes())
+}
+
+/// CRC32C of a value alone (kept in its [`crate::types::ValuePtr`]).
+pub fn value_crc(value: &[u8]) -> u32 {
+    crc32c::crc32c(value)
 }
 
 /// Writes a complete record into `dst`, which must be exactly `HEADER_LEN +
 /// key.len() + value.len()` bytes (the value is copied once, straight into
-/// the log page buffer).
+/// the log page buffer). Returns the value's own checksum ([`value_crc`]),
+/// which the record's checksum covers in place of the value.
 pub fn encode_into(
     dst: &mut [u8],
     epoch: u64,
@@ -95,7 +118,7 @@ pub fn encode_into(
     seq: SeqNo,
     key: &[u8],
     value: &[u8],
-) {
+) -> u32 {
     debug_assert_eq!(dst.len(), HEADER_LEN + key.len() + value.len());
     dst[4] = kind;
     dst[5] = flags;
@@ -103,8 +126,48 @@ pub fn encode_into(
     dst[8..12].copy_from_slice(&(value.len() as u32).to_le_bytes());
     dst[12..20].copy_from_slice(&seq.to_le_bytes());
     dst[HEADER_LEN..HEADER_LEN + key.len()].copy_from_slice(key);
-    dst[HEADER_LEN + key.len()..].copy_from_slice(value);
-    let crc = record_crc(epoch, &dst[4..]);
+    let value_at = HEADER_LEN + key.len();
+    dst[value_at..].copy_from_slice(value);
+    let vcrc = value_crc(&dst[value_at..]);
+    let crc = record_crc(epoch, &dst[4..value_at], vcrc);
+    dst[..4].copy_from_slice(&crc.to_le_bytes());
+    vcrc
+}
+
+/// Longest `PAD` body whose value checksum comes from a table.
+const ZERO_CRC_TABLE_LEN: usize = 2048;
+
+/// CRC32C of `n` zero bytes (a `PAD` record's body), from a table built
+/// once for the short pads that align values.
+fn zeros_crc(n: usize) -> u32 {
+    static TABLE: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut t = Vec::with_capacity(ZERO_CRC_TABLE_LEN + 1);
+        let mut crc = value_crc(&[]);
+        t.push(crc);
+        for _ in 0..ZERO_CRC_TABLE_LEN {
+            crc = crc32c::crc32c_append(crc, &[0]);
+            t.push(crc);
+        }
+        t
+    });
+    match table.get(n) {
+        Some(&crc) => crc,
+        None => value_crc(&vec![0u8; n]),
+    }
+}
+
+/// Writes a `PAD` record of `dst.len()` bytes (at least `HEADER_LEN`) with
+/// a zero body into `dst`.
+pub fn encode_pad_into(dst: &mut [u8], epoch: u64) {
+    debug_assert!(dst.len() >= HEADER_LEN);
+    let body = dst.len() - HEADER_LEN;
+    dst[4] = KIND_PAD;
+    dst[5] = 0;
+    dst[6..8].fill(0);
+    dst[8..12].copy_from_slice(&(body as u32).to_le_bytes());
+    dst[12..].fill(0);
+    let crc = record_crc(epoch, &dst[4..HEADER_LEN], zeros_crc(body));
     dst[..4].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -145,14 +208,14 @@ pub fn decode(b: &[u8], epoch: u64) -> Result<Record<'_>, DecodeError> {
     if b.len() < len {
         return Err(DecodeError::Truncated);
     }
-    let got = record_crc(epoch, &b[4..len]);
+    let key_end = HEADER_LEN + header.key_len as usize;
+    let got = record_crc(epoch, &b[4..key_end], value_crc(&b[key_end..len]));
     if got != header.crc {
         return Err(DecodeError::Checksum {
             expected: header.crc,
             got,
         });
     }
-    let key_end = HEADER_LEN + header.key_len as usize;
     Ok(Record {
         header,
         key: &b[HEADER_LEN..key_end],
@@ -184,9 +247,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn record_crc_is_the_same_for_short_and_long_heads() {
+        for len in [0, 10, 116, 117, 500] {
+            let head: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let mut whole = 9u64.to_le_bytes().to_vec();
+            whole.extend_from_slice(&head);
+            whole.extend_from_slice(&0xabcd_ef01u32.to_le_bytes());
+            assert_eq!(
+                record_crc(9, &head, 0xabcd_ef01),
+                crc32c::crc32c(&whole),
+                "{len}"
+            );
+        }
+    }
+
+    #[test]
+    fn pads_decode_whatever_their_length() {
+        for n in [
+            0,
+            1,
+            7,
+            500,
+            1043,
+            ZERO_CRC_TABLE_LEN,
+            ZERO_CRC_TABLE_LEN + 1,
+            9000,
+        ] {
+            let mut buf = vec![0xffu8; HEADER_LEN + n];
+            encode_pad_into(&mut buf, 3);
+            let r = decode(&buf, 3).expect("valid pad");
+            assert_eq!(r.header.kind, KIND_PAD);
+            assert_eq!(r.value.len(), n);
+            assert!(r.value.iter().all(|&b| b == 0));
+        }
+    }
+
+    #[test]
     fn roundtrip_and_epoch_seed() {
         let mut buf = vec![0u8; HEADER_LEN + 8];
-        encode_into(&mut buf, 7, KIND_PUT, 0, 42, b"key", b"value");
+        let vcrc = encode_into(&mut buf, 7, KIND_PUT, 0, 42, b"key", b"value");
+        assert_eq!(vcrc, value_crc(b"value"));
+        assert_eq!(
+            u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]),
+            record_crc(7, &buf[4..HEADER_LEN + 3], vcrc),
+        );
         let r = decode(&buf, 7).expect("valid");
         assert_eq!(r.key, b"key");
         assert_eq!(r.value, b"value");
@@ -194,6 +298,10 @@ mod tests {
         assert!(matches!(decode(&buf, 8), Err(DecodeError::Checksum { .. })));
         buf[HEADER_LEN + 1] ^= 1;
         assert!(matches!(decode(&buf, 7), Err(DecodeError::Checksum { .. })));
+        buf[HEADER_LEN + 1] ^= 1;
+        buf[HEADER_LEN + 5] ^= 0x10; // in the value
+        assert!(matches!(decode(&buf, 7), Err(DecodeError::Checksum { .. })));
+        buf[HEADER_LEN + 5] ^= 0x10;
         assert_eq!(decode(&buf[..10], 7).unwrap_err(), DecodeError::Truncated);
     }
 

@@ -321,6 +321,7 @@ fn replay(
                         gen: meta.gen,
                         offset: off as u32,
                         len: len as u32,
+                        value_crc: record::value_crc(rec.value),
                     };
                     batch.push((Bytes::copy_from_slice(rec.key), rec.header.seq, kind, ptr));
                     if rec.header.flags & FLAG_BATCH_CONTINUES == 0 {

@@ -9,6 +9,11 @@
 //! record naming the next segment ends it and the next segment starts with a
 //! `SEGMENT_HEADER` record; recovery follows these links.
 //!
+//! A value of at least [`ALIGN_VALUES_FROM`] bytes starts on a
+//! [`VALUE_ALIGN`] boundary (a `PAD` record fills the gap before its
+//! record), and reads fetch only a value's bytes, checked against the value
+//! checksum in its pointer: an 8 KiB GET is one 8 KiB device read.
+//!
 //! Invariants:
 //! - Bytes of a segment below its `written` mark are on the device; bytes at
 //!   or above it are in `pending` chunks or the current buffer, in order.
@@ -29,6 +34,11 @@ use crate::types::{SeqNo, ValuePtr};
 
 /// Flash segment kind tag for value-log segments.
 pub const SEGMENT_KIND_LOG: u8 = 1;
+
+/// Values at least this long start on a [`VALUE_ALIGN`] boundary.
+pub const ALIGN_VALUES_FROM: usize = 4096;
+/// Alignment of large values in a segment: the device's read granularity.
+pub const VALUE_ALIGN: usize = READ_ALIGN;
 
 /// Accounting for one value-log segment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -143,9 +153,13 @@ const FREE_BUFS: usize = 8;
 /// records into.
 const MAX_MERGED_READ: u64 = 256 * 1024;
 
-/// Largest record the log accepts (must fit in one segment with its framing).
+/// Room an aligned value's `PAD` record may take before its record.
+const MAX_ALIGN_PAD: usize = 2 * VALUE_ALIGN + HEADER_LEN;
+
+/// Largest record the log accepts (must fit in one segment with its framing
+/// and alignment pad).
 pub fn max_record_len(seg_bytes: u64, page: usize) -> usize {
-    (seg_bytes as usize).saturating_sub(4 * page + LINK_RECORD_LEN)
+    (seg_bytes as usize).saturating_sub(4 * page + LINK_RECORD_LEN + MAX_ALIGN_PAD)
 }
 
 impl ValueLog {
@@ -237,6 +251,7 @@ impl ValueLog {
         );
         let v = record::link_value(seg, epoch);
         self.put_record(inner, record::KIND_SEGMENT_HEADER, 0, 0, &[], &v);
+        self.note_written(inner, 0);
         self.refresh_on_device(inner);
     }
 
@@ -259,7 +274,8 @@ impl ValueLog {
     }
 
     /// Appends raw record bytes at the current position (skipping a short page
-    /// tail first); returns the record's offset. Seals full chunks.
+    /// tail first); returns the record's offset and its value's checksum.
+    /// Seals full chunks.
     fn put_record(
         &self,
         inner: &mut Inner,
@@ -268,7 +284,7 @@ impl ValueLog {
         seq: SeqNo,
         key: &[u8],
         value: &[u8],
-    ) -> u64 {
+    ) -> (u64, u32) {
         let len = HEADER_LEN + key.len() + value.len();
         let in_page = (inner.buf_offset as usize + inner.buf_len) % self.page;
         if self.page - in_page < HEADER_LEN {
@@ -276,9 +292,10 @@ impl ValueLog {
         }
         let offset = inner.buf_offset + inner.buf_len as u64;
         let room = inner.buf_cap - inner.buf_len;
+        let vcrc;
         if len <= room {
             let at = inner.buf_len;
-            record::encode_into(
+            vcrc = record::encode_into(
                 &mut inner.buf[at..at + len],
                 inner.epoch,
                 kind,
@@ -294,13 +311,80 @@ impl ValueLog {
             }
         } else {
             let mut tmp = vec![0u8; len];
-            record::encode_into(&mut tmp, inner.epoch, kind, flags, seq, key, value);
+            vcrc = record::encode_into(&mut tmp, inner.epoch, kind, flags, seq, key, value);
             self.put_bytes(inner, &tmp);
         }
+        (offset, vcrc)
+    }
+
+    /// Records in the current segment's accounting what was appended to it
+    /// (every record and pad so far) and `live` more bytes of PUT records:
+    /// once per batch, not per record.
+    fn note_written(&self, inner: &Inner, live: u64) {
         if let Some(m) = self.segs.write().get_mut(&inner.seg) {
-            m.written_bytes = offset + len as u64;
+            m.written_bytes = inner.buf_offset + inner.buf_len as u64;
+            m.live_bytes += live;
         }
-        offset
+    }
+
+    /// Before a PUT whose value is at least [`ALIGN_VALUES_FROM`] bytes,
+    /// appends a `PAD` record so that the value starts on a
+    /// [`VALUE_ALIGN`] boundary: a read of the value alone is then exactly
+    /// its own sectors (8 KiB for an 8 KiB value, where the whole record
+    /// would be 8.5 KiB; many disks serve the larger request markedly
+    /// slower). Costs less than `VALUE_ALIGN` bytes per record on average.
+    fn align_value(&self, inner: &mut Inner, key_len: usize, value_len: usize) {
+        if value_len < ALIGN_VALUES_FROM {
+            return;
+        }
+        let page = self.page as u64;
+        let align = VALUE_ALIGN as u64;
+        // Skip a page tail too short for a header, as `put_record` would.
+        let in_page = (inner.buf_offset as usize + inner.buf_len) % self.page;
+        if self.page - in_page < HEADER_LEN {
+            self.skip_bytes(inner, self.page - in_page);
+        }
+        let pos = inner.buf_offset + inner.buf_len as u64;
+        let head = (HEADER_LEN + key_len) as u64;
+        let mut gap = (pos + head).next_multiple_of(align) - (pos + head);
+        // The gap must hold a PAD record, and the record after it must not
+        // start in a page tail too short for a header (it would move).
+        while gap != 0 && (gap < HEADER_LEN as u64 || page - (pos + gap) % page < HEADER_LEN as u64)
+        {
+            gap += align;
+        }
+        if gap == 0 {
+            return;
+        }
+        // At most two alignment steps: the first gap is below `align`, one
+        // step makes room for the PAD header, one more leaves a page tail.
+        debug_assert!(gap as usize <= MAX_ALIGN_PAD);
+        self.put_pad(inner, gap as usize);
+    }
+
+    /// Appends a `PAD` record of `len` bytes (at least `HEADER_LEN`) at the
+    /// current position.
+    fn put_pad(&self, inner: &mut Inner, len: usize) {
+        let at = inner.buf_len;
+        if len <= inner.buf_cap - at {
+            record::encode_pad_into(&mut inner.buf[at..at + len], inner.epoch);
+            inner.buf_len += len;
+            inner.appended_lsn += len as u64;
+            if inner.buf_len == inner.buf_cap {
+                self.seal_chunk(inner);
+            }
+            return;
+        }
+        let mut small = [0u8; MAX_ALIGN_PAD];
+        let mut large = Vec::new();
+        let pad = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            large.resize(len, 0);
+            &mut large[..]
+        };
+        record::encode_pad_into(pad, inner.epoch);
+        self.put_bytes(inner, pad);
     }
 
     fn put_bytes(&self, inner: &mut Inner, mut b: &[u8]) {
@@ -334,8 +418,8 @@ impl ValueLog {
         if in_page != 0 {
             let rest = self.page - in_page;
             if rest >= HEADER_LEN {
-                let zeros = vec![0u8; rest - HEADER_LEN];
-                self.put_record(inner, record::KIND_PAD, 0, 0, &[], &zeros);
+                self.put_pad(inner, rest);
+                self.note_written(inner, 0);
             } else {
                 self.skip_bytes(inner, rest);
             }
@@ -378,6 +462,7 @@ impl ValueLog {
         let (seg, gen) = self.allocate(reserve)?;
         let v = record::link_value(seg, inner.next_epoch);
         self.put_record(inner, record::KIND_LINK, 0, 0, &[], &v);
+        self.note_written(inner, 0);
         self.seal_partial(inner);
         if let Some(m) = self.segs.write().get_mut(&inner.seg) {
             m.sealed = true;
@@ -399,11 +484,19 @@ impl ValueLog {
         if let Some(f) = &inner.failed {
             return Err(Error::Stopped(f.clone()));
         }
-        // Room the batch needs: its records plus, at every page boundary it
-        // crosses, a page tail too short for a header that gets skipped.
+        // Room the batch needs: its records and their alignment pads plus,
+        // at every page boundary it crosses, a page tail too short for a
+        // header that gets skipped.
         let raw: u64 = recs
             .iter()
-            .map(|r| (HEADER_LEN + r.key.len() + r.value.len()) as u64)
+            .map(|r| {
+                let pad = if r.kind == record::KIND_PUT && r.value.len() >= ALIGN_VALUES_FROM {
+                    MAX_ALIGN_PAD
+                } else {
+                    0
+                };
+                (HEADER_LEN + r.key.len() + r.value.len() + pad) as u64
+            })
             .sum();
         let skips = raw / (self.page - HEADER_LEN) as u64 + 1;
         let total = raw + skips * HEADER_LEN as u64;
@@ -419,6 +512,7 @@ impl ValueLog {
             self.switch_segment(&mut inner, reserve)?;
         }
         let n = recs.len();
+        let mut live = 0;
         for (i, r) in recs.iter().enumerate() {
             let seq = match r.seq {
                 Some(s) => s,
@@ -432,20 +526,25 @@ impl ValueLog {
                 flags |= record::FLAG_BATCH_CONTINUES;
             }
             let len = HEADER_LEN + r.key.len() + r.value.len();
-            let offset = self.put_record(&mut inner, r.kind, flags, seq, r.key, r.value);
+            if r.kind == record::KIND_PUT {
+                self.align_value(&mut inner, r.key.len(), r.value.len());
+            }
+            let (offset, value_crc) =
+                self.put_record(&mut inner, r.kind, flags, seq, r.key, r.value);
             let ptr = ValuePtr {
                 seg: inner.seg,
                 gen: inner.gen,
                 offset: offset as u32,
                 len: len as u32,
+                value_crc,
             };
             if r.kind == record::KIND_PUT {
-                if let Some(m) = self.segs.write().get_mut(&inner.seg) {
-                    m.live_bytes += len as u64;
-                }
+                live += len as u64;
             }
             apply(i, seq, ptr);
         }
+        // A batch never spans segments: one update of its accounting.
+        self.note_written(&inner, live);
         Ok(inner.appended_lsn)
     }
 
@@ -576,66 +675,75 @@ impl ValueLog {
         self.sync_to(lsn)
     }
 
-    /// Reads and verifies the PUT record at `ptr`, returning its value and
-    /// whether the device was read. `key` and `seq` must match the record.
-    pub fn read_value(&self, ptr: ValuePtr, key: &[u8], seq: SeqNo) -> Result<(Bytes, bool)> {
+    /// Reads and verifies the value of the PUT record at `ptr` (whose key is
+    /// `key`), returning it and whether the device was read. Only the value
+    /// bytes are read; the checksum in `ptr` verifies them.
+    pub fn read_value(&self, ptr: ValuePtr, key: &[u8]) -> Result<(Bytes, bool)> {
         let epoch = self.epoch_of(ptr)?;
-        let (raw, from_device) = self.read_record_bytes(ptr, epoch)?;
-        Ok((Self::value_of(raw, ptr, epoch, key, seq)?, from_device))
+        let (start, end) = Self::extent_of(ptr, key)?;
+        if start == end {
+            return Ok((Self::verified(Bytes::new(), ptr)?, false));
+        }
+        let (raw, from_device) = self.read_range(ptr.seg, epoch, start, end)?;
+        Ok((Self::verified(raw, ptr)?, from_device))
     }
 
-    /// Reads several values; those on the device are read in parallel (one
-    /// batch of device reads). Returns each value and whether the device
-    /// was read, in request order.
-    pub fn read_values(&self, reqs: &[(ValuePtr, &[u8], SeqNo)]) -> Result<Vec<(Bytes, bool)>> {
+    /// Reads several values (pointer and key each); those on the device are
+    /// read in parallel (one batch of device reads). Returns each value and
+    /// whether the device was read, in request order.
+    pub fn read_values(&self, reqs: &[(ValuePtr, &[u8])]) -> Result<Vec<(Bytes, bool)>> {
         let mut out: Vec<Option<(Bytes, bool)>> = vec![None; reqs.len()];
-        let mut device: Vec<(usize, u64, u64, u64)> = Vec::new(); // (i, epoch, start, end)
-        let mut recent = Vec::new(); // (i, epoch): segments still partly in memory
-        for (i, (ptr, _, _)) in reqs.iter().enumerate() {
+        let mut device: Vec<(usize, u64, u64)> = Vec::new(); // (i, start, end)
+        let mut recent = Vec::new(); // (i, start, end): segments still partly in memory
+        for (i, (ptr, key)) in reqs.iter().enumerate() {
             let epoch = self.epoch_of(*ptr)?;
-            if epoch < self.on_device_below.load(Ordering::Acquire) {
-                let start = u64::from(ptr.offset);
-                device.push((i, epoch, start, start + u64::from(ptr.len)));
+            let (start, end) = Self::extent_of(*ptr, key)?;
+            if start == end {
+                out[i] = Some((Self::verified(Bytes::new(), *ptr)?, false));
+            } else if epoch < self.on_device_below.load(Ordering::Acquire) {
+                device.push((i, start, end));
             } else {
-                recent.push((i, epoch));
+                recent.push((i, start, end));
             }
         }
         if !recent.is_empty() {
-            // A record of a recent segment that ends before the segment's
+            // A value of a recent segment that ends before the segment's
             // in-memory tail is already on the device: batch it too.
             let mut from_memory = Vec::new();
             {
                 let inner = self.inner.lock();
-                for (i, epoch) in recent {
-                    let ptr = reqs[i].0;
-                    let (start, end) = (
-                        u64::from(ptr.offset),
-                        u64::from(ptr.offset) + u64::from(ptr.len),
-                    );
-                    if end <= Self::memory_tail_start(&inner, ptr.seg) && end <= self.seg_bytes {
-                        device.push((i, epoch, start, end));
+                for (i, start, end) in recent {
+                    let seg = reqs[i].0.seg;
+                    if end <= Self::memory_tail_start(&inner, seg) && end <= self.seg_bytes {
+                        device.push((i, start, end));
                     } else {
                         from_memory.push(i);
                     }
                 }
             }
             for i in from_memory {
-                let (ptr, key, seq) = reqs[i];
-                out[i] = Some(self.read_value(ptr, key, seq)?);
+                let (ptr, key) = reqs[i];
+                out[i] = Some(self.read_value(ptr, key)?);
             }
         }
         if device.len() == 1 {
-            let (i, _, _, _) = device[0];
-            let (ptr, key, seq) = reqs[i];
-            out[i] = Some(self.read_value(ptr, key, seq)?);
+            let (i, _, _) = device[0];
+            let (ptr, key) = reqs[i];
+            out[i] = Some(self.read_value(ptr, key)?);
         } else if !device.is_empty() {
-            // Records next to each other on the device (a record's fields
+            // Values next to each other on the device (a record's fields
             // written together, a range read in write order) share one read.
             let align = READ_ALIGN as u64;
-            device.sort_by_key(|&(i, _, s, _)| (reqs[i].0.seg, s));
+            device.sort_by_key(|&(i, s, _)| (reqs[i].0.seg, s));
             let mut extents: Vec<(SegmentId, u64, u64, Vec<usize>)> = Vec::new(); // seg, a, z, members
-            for (d, &(i, _, s, e)) in device.iter().enumerate() {
+            for (d, &(i, s, e)) in device.iter().enumerate() {
                 let seg = reqs[i].0.seg;
+                if e > self.seg_bytes {
+                    return Err(Error::Corrupt(format!(
+                        "value pointer {:?} out of range",
+                        reqs[i].0
+                    )));
+                }
                 let (a, z) = (s / align * align, e.div_ceil(align) * align);
                 match extents.last_mut() {
                     Some((xs, xa, xz, members))
@@ -664,10 +772,9 @@ impl ValueLog {
                 // Values are slices of the read buffer: no copy.
                 let buf = Bytes::from_owner(buf);
                 for &d in members {
-                    let (i, epoch, s, e) = device[d];
+                    let (i, s, e) = device[d];
                     let raw = buf.slice((s - a) as usize..(e - a) as usize);
-                    let (ptr, key, seq) = reqs[i];
-                    out[i] = Some((Self::value_of(raw, ptr, epoch, key, seq)?, true));
+                    out[i] = Some((Self::verified(raw, reqs[i].0)?, true));
                 }
             }
         }
@@ -688,23 +795,23 @@ impl ValueLog {
             .unwrap_or(u64::MAX)
     }
 
-    /// Verifies the record bytes read for `ptr` and returns its value.
-    fn value_of(raw: Bytes, ptr: ValuePtr, epoch: u64, key: &[u8], seq: SeqNo) -> Result<Bytes> {
-        let rec = record::decode(&raw, epoch).map_err(|e| match e {
-            record::DecodeError::Checksum { expected, got } => Error::ChecksumMismatch {
-                what: "value record",
-                expected,
+    /// Where the value of the record at `ptr` with key `key` lies.
+    fn extent_of(ptr: ValuePtr, key: &[u8]) -> Result<(u64, u64)> {
+        ptr.value_extent(key.len())
+            .ok_or_else(|| Error::Corrupt(format!("value pointer {ptr:?} is shorter than its key")))
+    }
+
+    /// Checks value bytes read for `ptr` against its checksum.
+    fn verified(raw: Bytes, ptr: ValuePtr) -> Result<Bytes> {
+        let got = record::value_crc(&raw);
+        if got != ptr.value_crc {
+            return Err(Error::ChecksumMismatch {
+                what: "value",
+                expected: ptr.value_crc,
                 got,
-            },
-            other => Error::Corrupt(format!("value record at {ptr:?}: {other:?}")),
-        })?;
-        if rec.header.kind != record::KIND_PUT || rec.key != key || rec.header.seq != seq {
-            return Err(Error::Corrupt(format!(
-                "value record at {ptr:?} does not belong to the key (seq {seq})"
-            )));
+            });
         }
-        let (start, len) = (HEADER_LEN + key.len(), rec.value.len());
-        Ok(raw.slice(start..start + len))
+        Ok(raw)
     }
 
     fn epoch_of(&self, ptr: ValuePtr) -> Result<u64> {
@@ -716,27 +823,32 @@ impl ValueLog {
         }
     }
 
-    /// Returns exactly the record's bytes and whether the device was read:
-    /// from the in-memory chunks if they still hold it, else one device read.
-    fn read_record_bytes(&self, ptr: ValuePtr, epoch: u64) -> Result<(Bytes, bool)> {
-        let start = u64::from(ptr.offset);
-        let end = start + u64::from(ptr.len);
+    /// Returns exactly the bytes `[start, end)` of segment `seg` (of log
+    /// epoch `epoch`) and whether the device was read: from the in-memory
+    /// chunks if they still hold them, else one device read.
+    fn read_range(
+        &self,
+        seg: SegmentId,
+        epoch: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<(Bytes, bool)> {
         if end > self.seg_bytes {
             return Err(Error::Corrupt(format!(
-                "value pointer {ptr:?} out of range"
+                "value at {start}..{end} of segment {seg} is out of range"
             )));
         }
         if epoch < self.on_device_below.load(Ordering::Acquire) {
-            return Ok((self.read_device(ptr.seg, start, end)?, true));
+            return Ok((self.read_device(seg, start, end)?, true));
         }
         {
             let inner = self.inner.lock();
-            let in_memory = inner.seg == ptr.seg || inner.pending.iter().any(|c| c.seg == ptr.seg);
+            let in_memory = inner.seg == seg || inner.pending.iter().any(|c| c.seg == seg);
             if !in_memory {
                 drop(inner);
-                return Ok((self.read_device(ptr.seg, start, end)?, true));
+                return Ok((self.read_device(seg, start, end)?, true));
             }
-            let mut out = vec![0u8; ptr.len as usize];
+            let mut out = vec![0u8; (end - start) as usize];
             let mut covered_from = end; // memory covers [covered_from, end)
             let pieces = inner
                 .pending
@@ -747,8 +859,8 @@ impl ValueLog {
                     inner.buf_offset,
                     &inner.buf[..inner.buf_len],
                 )));
-            for (seg, off, data) in pieces {
-                if seg != ptr.seg {
+            for (piece_seg, off, data) in pieces {
+                if piece_seg != seg {
                     continue;
                 }
                 let (s, e) = (off.max(start), (off + data.len() as u64).min(end));
@@ -764,12 +876,12 @@ impl ValueLog {
             if covered_from < end {
                 // The head is on the device, the tail still in memory.
                 drop(inner);
-                let head = self.read_device(ptr.seg, start, covered_from)?;
+                let head = self.read_device(seg, start, covered_from)?;
                 out[..(covered_from - start) as usize].copy_from_slice(&head);
                 return Ok((out.into(), true));
             }
         }
-        Ok((self.read_device(ptr.seg, start, end)?, true))
+        Ok((self.read_device(seg, start, end)?, true))
     }
 
     /// Reads `[start, end)` of a segment with one device read, widened to
