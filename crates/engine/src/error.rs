@@ -37,6 +37,19 @@ pub enum Error {
         /// Checksum of the bytes read.
         got: u32,
     },
+    /// The store was written in an on-device format this build cannot read
+    /// (an older or newer LightStore); nothing was changed on the device.
+    #[error(
+        "the store uses format version {found}, this build reads version {supported}: \
+         it was written by an incompatible LightStore (use that version, or start on a \
+         new data directory)"
+    )]
+    UnsupportedFormat {
+        /// Version found on the device.
+        found: u32,
+        /// Version this build reads.
+        supported: u32,
+    },
     /// Stored bytes are structurally invalid.
     #[error("corruption: {0}")]
     Corrupt(String),

@@ -6,7 +6,9 @@
 //! only — values never move — and keeps exact per-segment live-byte counts;
 //! value GC re-inserts the few live values of mostly-dead segments (PinK) and
 //! trims them. Reads go through an in-DRAM level index, Bloom filters and a
-//! keytable cache, so a GET costs one device read for its value. Recovery
+//! keytable cache, so a GET costs one device read of just its value's bytes
+//! (a value pointer carries the value's checksum, and values of 4 KiB and
+//! more start on a 512-byte boundary: an 8 KiB GET reads 8 KiB). Recovery
 //! replays the log tail from the last checkpoint and cuts it at the first bad
 //! checksum. The engine owns everything above the `flash` segment store and
 //! below the network protocol.

@@ -164,10 +164,10 @@ impl Manifest {
         let mut r = R(b, 0);
         let version = r.u32()?;
         if version != MANIFEST_VERSION {
-            return Err(Error::Corrupt(format!(
-                "unsupported manifest version {version} (this build reads version \
-                 {MANIFEST_VERSION}): the store was written by an incompatible LightStore"
-            )));
+            return Err(Error::UnsupportedFormat {
+                found: version,
+                supported: MANIFEST_VERSION,
+            });
         }
         let mut m = Manifest {
             boot: r.u64()?,
@@ -248,5 +248,14 @@ mod tests {
         for cut in 0..enc.len() {
             assert!(Manifest::decode(&enc[..cut]).is_err());
         }
+        let mut old = enc.clone();
+        old[..4].copy_from_slice(&1u32.to_le_bytes());
+        assert!(matches!(
+            Manifest::decode(&old),
+            Err(Error::UnsupportedFormat {
+                found: 1,
+                supported: MANIFEST_VERSION
+            })
+        ));
     }
 }
