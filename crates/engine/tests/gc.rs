@@ -82,3 +82,45 @@ fn one_live_value_among_garbage_is_reclaimed() {
         Some(&b"still here"[..])
     );
 }
+
+/// While most of the device is free, GC leaves half-live segments alone
+/// (relocating their values would buy space nobody needs yet) and still
+/// cleans segments that hold almost nothing live.
+#[test]
+fn gc_waits_for_cheap_segments_while_space_is_roomy() {
+    let dev = nand(64, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    let (keys, value_len) = (300u32, 3000);
+    let write_all = |version: u64, every: u32| {
+        for k in (0..keys).filter(|k| k % every == 0) {
+            db.put(&key(k), &value_for(k, version, value_len))
+                .expect("put");
+        }
+        db.flush().expect("flush");
+        db.maintenance().expect("maintenance");
+    };
+    write_all(1, 1); // every key once
+    write_all(2, 2); // half of them again: the first segments are about half live
+    let s = db.stats();
+    assert!(
+        s.segments_free * 2 >= s.segments_total,
+        "the test needs a roomy device: {s:?}"
+    );
+    assert_eq!(
+        s.gc_segments_reclaimed, 0,
+        "half-live segments were cleaned: {s:?}"
+    );
+    write_all(3, 1); // every key again: the first segments are now dead
+    write_all(4, 1);
+    let s = db.stats();
+    assert!(
+        s.gc_segments_reclaimed > 0,
+        "dead segments were not reclaimed: {s:?}"
+    );
+    for k in 0..keys {
+        assert!(
+            db.get(&key(k)).expect("get").as_deref() == Some(&value_for(k, 4, value_len)[..]),
+            "key {k}"
+        );
+    }
+}
