@@ -17,15 +17,6 @@ use flash::SegmentId;
 /// Segments cleaned per pass at most.
 const MAX_VICTIMS_PER_PASS: usize = 4;
 
-/// While at least this fraction of the device's segments is free, space is
-/// roomy: relocating live values would buy space nobody needs yet and take
-/// device bandwidth and CPU from requests (PinK and LightStore start GC
-/// when free blocks run low), so GC then cleans only nearly empty segments.
-const ROOMY_FREE_FRACTION: f64 = 0.5;
-/// Live fraction below which a segment is cleaned even while space is roomy
-/// (cheap: little to relocate).
-const ROOMY_LIVE_THRESHOLD: f64 = 0.1;
-
 impl DbInner {
     /// One GC pass (under the maintenance lock). `force` cleans any segment
     /// with garbage; otherwise the thresholds decide.
@@ -41,18 +32,13 @@ impl DbInner {
             st.gc_pinned = (Vec::new(), snapshots);
         }
         let low_space = self.space_low();
-        let free = f64::from(self.flash.free_segments());
-        let roomy = free >= ROOMY_FREE_FRACTION * f64::from(self.flash.geometry().segment_count);
         // Cleaning a segment costs rewriting its live bytes and gains its
         // garbage: below the threshold the gain is worth it; when space is
-        // short a smaller gain is accepted, while it is roomy only a large
-        // one; never clean what gains nothing.
+        // short a smaller gain is accepted; never clean what gains nothing.
         let threshold = if force {
             1.0
         } else if low_space {
             self.opts.gc_live_threshold.max(0.75)
-        } else if roomy {
-            self.opts.gc_live_threshold.min(ROOMY_LIVE_THRESHOLD)
         } else {
             self.opts.gc_live_threshold
         };
