@@ -44,6 +44,8 @@ pub struct FileDevice {
     stripe: usize,
     /// Whether direct reads of 512-byte granularity work here.
     sub_block_reads: AtomicBool,
+    /// Whether TRIM on a regular file punches holes (see [`FileDevice::set_punch_holes`]).
+    punch_holes: AtomicBool,
     pool: IoPool,
     counters: AtomicCounters,
 }
@@ -114,6 +116,7 @@ impl FileDevice {
             block_device,
             stripe,
             sub_block_reads: AtomicBool::new(true),
+            punch_holes: AtomicBool::new(true),
             pool: IoPool::new("flash-io", IO_THREADS)?,
             counters: AtomicCounters::default(),
         }))
@@ -127,6 +130,18 @@ impl FileDevice {
     /// Path the device was opened from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether TRIM on a regular file punches holes (the default), giving
+    /// the blocks back to the file system, or leaves them allocated with
+    /// their old content (which TRIM allows). Punching a hole makes ext4
+    /// wait for all direct I/O in flight on the file, and a later write
+    /// into the hole allocates blocks again, which `fdatasync` then has to
+    /// commit (about 1.8× slower for synced writes on the machine
+    /// measured). A node that owns its device file for good is faster
+    /// keeping them. Block devices always get `BLKDISCARD`.
+    pub fn set_punch_holes(&self, punch: bool) {
+        self.punch_holes.store(punch, Ordering::Relaxed);
     }
 
     /// Reads into `buf`, through an aligned bounce buffer if direct I/O needs one.
@@ -303,7 +318,7 @@ impl Device for FileDevice {
             // SAFETY: BLKDISCARD reads a `[u64; 2]` (start, length) from the pointer,
             // which stays valid for the call. Discard is best effort: errors ignored.
             let _ = unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) };
-        } else {
+        } else if self.punch_holes.load(Ordering::Relaxed) {
             let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
                 return Err(FlashError::OutOfRange(format!(
                     "trim at {offset} of {len} bytes"
@@ -635,6 +650,35 @@ mod tests {
         assert!(hole.iter().all(|&x| x == 0) || hole == &pattern(4 * p, 3)[p..3 * p]);
         assert_ne!(back[3 * p..], vec![0u8; p][..]);
         assert_eq!(dev.counters().pages_trimmed, 2);
+    }
+
+    #[test]
+    fn trim_keeps_blocks_when_told_not_to_punch() {
+        let (_dir, dev) = open_temp(1 << 20);
+        dev.set_punch_holes(false);
+        let p = PS as usize;
+        dev.write_at(0, &pattern(4 * p, 5)).unwrap();
+        let allocated = |dev: &FileDevice| {
+            std::fs::metadata(dev.path()).map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.blocks()
+            })
+        };
+        let before = allocated(&dev).unwrap();
+        dev.trim(PS as u64, 2 * PS as u64).unwrap();
+        assert_eq!(
+            allocated(&dev).unwrap(),
+            before,
+            "no blocks were given back"
+        );
+        let mut back = vec![0u8; 4 * p];
+        dev.read_at(0, &mut back).unwrap();
+        assert_eq!(
+            back,
+            pattern(4 * p, 5),
+            "content stays (TRIM allows either)"
+        );
+        assert_eq!(dev.counters().pages_trimmed, 2, "the trim is still counted");
     }
 
     #[test]

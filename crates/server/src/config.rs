@@ -97,6 +97,11 @@ pub struct Config {
     pub metrics_listen: Option<String>,
     /// Log requests slower than this many milliseconds (off when unset).
     pub slowlog_ms: Option<u64>,
+    /// Keep the device file's blocks allocated when segments are erased
+    /// instead of punching holes (which gives the space back to the file
+    /// system but stalls the file's direct I/O and makes later synced
+    /// writes there slower). Off by default.
+    pub keep_file_blocks: bool,
 }
 
 /// Name of the device file inside the data directory.
@@ -120,6 +125,7 @@ impl Default for Config {
             read_threads: None,
             metrics_listen: None,
             slowlog_ms: None,
+            keep_file_blocks: false,
         }
     }
 }
@@ -215,7 +221,8 @@ mod tests {
     fn toml_with_sizes_and_defaults() {
         let c = Config::from_toml(
             "data_dir = \"/tmp/x\"\ncapacity = \"1G\"\ncache_size = 1048576\nthreads = 4\n\
-             metrics_listen = \"127.0.0.1:9100\"\nslowlog_ms = 25\n",
+             metrics_listen = \"127.0.0.1:9100\"\nslowlog_ms = 25\n\
+             keep_file_blocks = true\n",
         )
         .unwrap();
         assert_eq!(c.capacity, Size(1 << 30));
@@ -225,6 +232,8 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:7379");
         assert_eq!(c.metrics_listen.as_deref(), Some("127.0.0.1:9100"));
         assert_eq!(c.slowlog_ms, Some(25));
+        assert!(c.keep_file_blocks);
+        assert!(!Config::default().keep_file_blocks);
         assert_eq!(Config::default().metrics_listen, None);
         assert!(c.validate().is_ok());
         assert!(Config::from_toml("bogus = 1").is_err());

@@ -43,6 +43,7 @@ fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
         },
         other => ServerError::Engine(other.into()),
     })?;
+    device.set_punch_holes(!config.keep_file_blocks);
     let mut opts = engine::Options {
         durability: config.durability()?,
         ..engine::Options::default()
