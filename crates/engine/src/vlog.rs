@@ -152,6 +152,10 @@ const FREE_BUFS: usize = 8;
 /// Largest single device read that batched value reads merge neighbouring
 /// records into.
 const MAX_MERGED_READ: u64 = 256 * 1024;
+/// Largest gap between two values that a merged read reads through (the
+/// header, key and alignment pad of the next record): cheaper than a
+/// second device read.
+const MAX_READ_GAP: u64 = 4096;
 
 /// Room an aligned value's `PAD` record may take before its record.
 const MAX_ALIGN_PAD: usize = 2 * VALUE_ALIGN + HEADER_LEN;
@@ -732,7 +736,8 @@ impl ValueLog {
             out[i] = Some(self.read_value(ptr, key)?);
         } else if !device.is_empty() {
             // Values next to each other on the device (a record's fields
-            // written together, a range read in write order) share one read.
+            // written together, a range read in write order) share one read,
+            // through the few bytes of headers and pads between them.
             let align = READ_ALIGN as u64;
             device.sort_by_key(|&(i, s, _)| (reqs[i].0.seg, s));
             let mut extents: Vec<(SegmentId, u64, u64, Vec<usize>)> = Vec::new(); // seg, a, z, members
@@ -747,7 +752,9 @@ impl ValueLog {
                 let (a, z) = (s / align * align, e.div_ceil(align) * align);
                 match extents.last_mut() {
                     Some((xs, xa, xz, members))
-                        if *xs == seg && a <= *xz && z.max(*xz) - *xa <= MAX_MERGED_READ =>
+                        if *xs == seg
+                            && a <= *xz + MAX_READ_GAP
+                            && z.max(*xz) - *xa <= MAX_MERGED_READ =>
                     {
                         *xz = z.max(*xz);
                         members.push(d);
