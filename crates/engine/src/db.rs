@@ -30,6 +30,9 @@ const MAX_LOG_BACKLOG: usize = 8;
 
 /// Values a range scan reads from the device in one parallel batch.
 const SCAN_READ_BATCH: usize = 256;
+/// How long a write out of space waits for GC to free a segment before it
+/// fails with `NoSpace`.
+const NOSPACE_WAIT: Duration = Duration::from_secs(5);
 
 /// One operation of an atomic write batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -344,20 +347,23 @@ impl DbInner {
         } else {
             Reserve::User
         };
-        let lsn = self.vlog.append(&recs, reserve, |i, seq, ptr| {
-            let kind = if ops[i].0 == KIND_PUT {
-                Kind::Put
-            } else {
-                Kind::Delete
-            };
-            self.sv
-                .read()
-                .mem
-                .insert(Bytes::copy_from_slice(ops[i].1), seq, kind, ptr);
-            if i + 1 == n {
-                self.visible_seq.fetch_max(seq, Ordering::AcqRel);
-            }
-        })?;
+        let append = || {
+            self.vlog.append(&recs, reserve, |i, seq, ptr| {
+                let kind = if ops[i].0 == KIND_PUT {
+                    Kind::Put
+                } else {
+                    Kind::Delete
+                };
+                self.sv
+                    .read()
+                    .mem
+                    .insert(Bytes::copy_from_slice(ops[i].1), seq, kind, ptr);
+                if i + 1 == n {
+                    self.visible_seq.fetch_max(seq, Ordering::AcqRel);
+                }
+            })
+        };
+        let lsn = self.retry_while_gc_can_free(append)?;
         Counters::add(&self.counters.user_bytes, user_bytes);
         self.write_behind()?;
         if self.opts.durability == Durability::Sync {
@@ -427,6 +433,36 @@ impl DbInner {
         let by_keys = sv.mem.bytes() as f64 / self.opts.memtable_bytes as f64;
         let by_log = sv.mem.log_bytes() as f64 / self.opts.memtable_log_bytes as f64;
         by_keys.max(by_log) + if sv.imm.is_some() { 0.5 } else { 0.0 }
+    }
+
+    /// Runs `append` and, while it fails for want of space and the log
+    /// holds a segment that GC would clean, wakes GC and tries again, for
+    /// at most [`NOSPACE_WAIT`]: a writer faster than GC waits for it
+    /// rather than failing on a device that is not full of live data. A
+    /// failed append changed nothing (it fails before writing a record).
+    fn retry_while_gc_can_free<T>(&self, mut append: impl FnMut() -> Result<T>) -> Result<T> {
+        let deadline = std::time::Instant::now() + NOSPACE_WAIT;
+        loop {
+            match append() {
+                Err(Error::NoSpace)
+                    if self.opts.background
+                        && self.vlog.has_reclaimable(self.low_space_gc_threshold())
+                        && std::time::Instant::now() < deadline
+                        && !self.shutdown.load(Ordering::Acquire)
+                        && self.bg_error.lock().is_none() =>
+                {
+                    self.wake();
+                    std::thread::sleep(Duration::from_millis(2));
+                    Counters::add(&self.counters.write_throttle_micros, 2_000);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The live fraction below which GC cleans a segment when space is low.
+    pub(crate) fn low_space_gc_threshold(&self) -> f64 {
+        self.opts.gc_live_threshold.max(0.75)
     }
 
     /// Smooth backpressure: when flushing falls behind (maintenance busy with

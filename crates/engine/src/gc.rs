@@ -38,7 +38,7 @@ impl DbInner {
         let threshold = if force {
             1.0
         } else if low_space {
-            self.opts.gc_live_threshold.max(0.75)
+            self.low_space_gc_threshold()
         } else {
             self.opts.gc_live_threshold
         };

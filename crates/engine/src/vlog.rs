@@ -908,6 +908,15 @@ impl ValueLog {
         self.segs.read().clone()
     }
 
+    /// Whether a sealed segment is less than `max_live` live: one that GC
+    /// would clean to give space back.
+    pub fn has_reclaimable(&self, max_live: f64) -> bool {
+        self.segs
+            .read()
+            .values()
+            .any(|m| m.sealed && (m.live_bytes as f64) < max_live * m.written_bytes.max(1) as f64)
+    }
+
     /// The current (open) segment.
     pub fn current_segment(&self) -> SegmentId {
         self.inner.lock().seg

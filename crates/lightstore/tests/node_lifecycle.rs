@@ -123,3 +123,38 @@ fn unix_socket_serves_the_same_data() {
         .expect("redis-cli runs");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "tcp");
 }
+
+/// A device full of live data answers SETs with `-ERR NOSPACE …` at once (no
+/// wait for a GC that cannot free anything), reads go on working, and a
+/// DEL is still accepted.
+#[test]
+fn full_device_answers_nospace_and_keeps_serving_reads() {
+    let n = Node::start(&["--capacity", "64M"]);
+    let mut c = BufReader::new(n.connect());
+    let value = vec![b'v'; 256 << 10];
+    let mut stored = 0;
+    let mut refused = None;
+    for i in 0..1000 {
+        let key = format!("full:{i:04}");
+        let started = std::time::Instant::now();
+        match call(&mut c, &[b"SET", key.as_bytes(), &value]) {
+            Resp::Simple(s) if s == "OK" => stored += 1,
+            Resp::Error(e) => {
+                refused = Some((e, started.elapsed()));
+                break;
+            }
+            other => panic!("SET {key}: {other:?}"),
+        }
+    }
+    let (err, took) = refused.expect("a 64 MiB device never filled up");
+    assert!(err.starts_with("ERR NOSPACE"), "{err}");
+    assert!(took < Duration::from_secs(5), "the refusal took {took:?}");
+    assert!(stored > 10, "only {stored} values fit");
+    assert_eq!(
+        call(&mut c, &[b"GET", b"full:0000"]),
+        Resp::Bulk(value.clone()),
+        "reads keep working"
+    );
+    assert_eq!(call(&mut c, &[b"DEL", b"full:0001"]), Resp::Int(1));
+    assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
+}

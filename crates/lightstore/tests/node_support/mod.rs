@@ -44,8 +44,15 @@ impl Node {
         listen: &str,
         extra: &[&str],
     ) -> Result<Node, (Option<i32>, String)> {
+        // 1 GiB devices unless the test picks its own capacity.
+        let capacity: &[&str] = if extra.contains(&"--capacity") {
+            &[]
+        } else {
+            &["--capacity", "1G"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_lightstore"))
-            .args(["node", "--listen", listen, "--capacity", "1G"])
+            .args(["node", "--listen", listen])
+            .args(capacity)
             .args(["--threads", "4", "--cache-size", "64M"])
             .arg("--data")
             .arg(dir)
