@@ -218,8 +218,11 @@ pub fn execute_sets(group: Vec<crate::exec::Run>) {
     drop(ops);
     let share = clock.stop().share(group.iter().map(|r| r.cmds.len()).sum());
     for (run, queued) in group.into_iter().zip(queued) {
-        let replies = match merged {
+        let replies = match &merged {
             Ok(()) => vec![(Reply::ok(), share); run.cmds.len()],
+            // The merged batch already waited for GC; run by run, each
+            // write would wait again for nothing.
+            Err(e @ engine::Error::NoSpace) => vec![(errors::engine(e), share); run.cmds.len()],
             Err(_) => execute_batch(&state, &run.cmds),
         };
         let _ = run.reply.send((replies, queued, Instant::now()));
