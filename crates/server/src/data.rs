@@ -163,8 +163,8 @@ fn group_kind((cmd, args): &(Cmd, Vec<Bytes>)) -> Option<Group> {
 /// Serves GET runs of several connections with one multi-get (their values
 /// are read from the device in one batch), then answers each. If the
 /// combined call fails, each run is executed on its own so every reply
-/// carries its own outcome. Each GET is charged an equal share of the
-/// call's time.
+/// carries its own outcome. Each run is charged the whole call's time (it
+/// waited for all of it), split equally among its GETs.
 pub fn execute_gets(group: Vec<crate::exec::Run>) {
     let Some(state) = group.first().map(|r| r.state.clone()) else {
         return;
@@ -176,10 +176,11 @@ pub fn execute_gets(group: Vec<crate::exec::Run>) {
         .collect();
     let clock = CallClock::start();
     let merged = state.db.multi_get(&keys);
-    let share = clock.stop().share(keys.len());
+    let call = clock.stop();
     drop(keys);
     let mut values = merged.as_ref().ok().map(|v| v.iter());
     for (run, queued) in group.into_iter().zip(queued) {
+        let share = call.share(run.cmds.len());
         let replies = match values.as_mut() {
             Some(values) => values
                 .by_ref()
@@ -196,7 +197,8 @@ pub fn execute_gets(group: Vec<crate::exec::Run>) {
 /// batch (one log append; under `sync` durability one device sync), then
 /// answers each. If the combined batch fails (an invalid key, a full
 /// device), each run is executed on its own so every reply carries its own
-/// outcome. Each SET is charged an equal share of the batch's time.
+/// outcome. Each run is charged the whole batch's time (it waited for all
+/// of it), split equally among its SETs.
 pub fn execute_sets(group: Vec<crate::exec::Run>) {
     let Some(state) = group.first().map(|r| r.state.clone()) else {
         return;
@@ -216,8 +218,9 @@ pub fn execute_sets(group: Vec<crate::exec::Run>) {
         state.db.write_batch(&ops)
     };
     drop(ops);
-    let share = clock.stop().share(group.iter().map(|r| r.cmds.len()).sum());
+    let call = clock.stop();
     for (run, queued) in group.into_iter().zip(queued) {
+        let share = call.share(run.cmds.len());
         let replies = match &merged {
             Ok(()) => vec![(Reply::ok(), share); run.cmds.len()],
             // The merged batch already waited for GC; run by run, each
