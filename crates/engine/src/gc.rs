@@ -55,7 +55,7 @@ impl DbInner {
                     && !st.gc_pinned.0.contains(seg)
             })
             .map(|(seg, m)| {
-                let live = m.live_bytes as f64 / m.written_bytes.max(1) as f64;
+                let live = m.live_fraction();
                 (seg, m, live)
             })
             .filter(|(_, m, live)| *live < threshold && m.live_bytes < m.written_bytes)

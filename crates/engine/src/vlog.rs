@@ -55,6 +55,14 @@ pub struct SegMeta {
     pub sealed: bool,
 }
 
+impl SegMeta {
+    /// Fraction of the appended bytes that PUT records still referenced
+    /// hold (what GC would have to relocate to reclaim the segment).
+    pub fn live_fraction(&self) -> f64 {
+        self.live_bytes as f64 / self.written_bytes.max(1) as f64
+    }
+}
+
 /// A position in the log: a record boundary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LogPosition {
@@ -289,36 +297,54 @@ impl ValueLog {
         key: &[u8],
         value: &[u8],
     ) -> (u64, u32) {
+        self.skip_short_page_tail(inner);
+        let offset = inner.buf_offset + inner.buf_len as u64;
+        let epoch = inner.epoch;
         let len = HEADER_LEN + key.len() + value.len();
+        let vcrc = self.put_encoded(inner, len, |dst| {
+            record::encode_into(dst, epoch, kind, flags, seq, key, value)
+        });
+        (offset, vcrc)
+    }
+
+    /// Skips a page tail too short for a record header: no record starts there.
+    fn skip_short_page_tail(&self, inner: &mut Inner) {
         let in_page = (inner.buf_offset as usize + inner.buf_len) % self.page;
         if self.page - in_page < HEADER_LEN {
             self.skip_bytes(inner, self.page - in_page);
         }
-        let offset = inner.buf_offset + inner.buf_len as u64;
-        let room = inner.buf_cap - inner.buf_len;
-        let vcrc;
-        if len <= room {
-            let at = inner.buf_len;
-            vcrc = record::encode_into(
-                &mut inner.buf[at..at + len],
-                inner.epoch,
-                kind,
-                flags,
-                seq,
-                key,
-                value,
-            );
-            inner.buf_len += len;
-            inner.appended_lsn += len as u64;
-            if inner.buf_len == inner.buf_cap {
-                self.seal_chunk(inner);
-            }
+    }
+
+    /// Appends `len` bytes that `encode` writes: straight into the chunk
+    /// buffer when they fit, else through a temporary buffer that
+    /// [`Self::put_bytes`] spreads over the chunks.
+    fn put_encoded<R>(
+        &self,
+        inner: &mut Inner,
+        len: usize,
+        encode: impl FnOnce(&mut [u8]) -> R,
+    ) -> R {
+        let at = inner.buf_len;
+        if len <= inner.buf_cap - at {
+            let r = encode(&mut inner.buf[at..at + len]);
+            self.advance(inner, len);
+            r
         } else {
             let mut tmp = vec![0u8; len];
-            vcrc = record::encode_into(&mut tmp, inner.epoch, kind, flags, seq, key, value);
+            let r = encode(&mut tmp);
             self.put_bytes(inner, &tmp);
+            r
         }
-        (offset, vcrc)
+    }
+
+    /// Counts `n` bytes just placed in the chunk buffer as appended and
+    /// seals the chunk if it is full.
+    fn advance(&self, inner: &mut Inner, n: usize) {
+        inner.buf_len += n;
+        inner.appended_lsn += n as u64;
+        if inner.buf_len == inner.buf_cap {
+            self.seal_chunk(inner);
+        }
     }
 
     /// Records in the current segment's accounting what was appended to it
@@ -343,11 +369,8 @@ impl ValueLog {
         }
         let page = self.page as u64;
         let align = VALUE_ALIGN as u64;
-        // Skip a page tail too short for a header, as `put_record` would.
-        let in_page = (inner.buf_offset as usize + inner.buf_len) % self.page;
-        if self.page - in_page < HEADER_LEN {
-            self.skip_bytes(inner, self.page - in_page);
-        }
+        // Where a record starts now (as in `put_record`).
+        self.skip_short_page_tail(inner);
         let pos = inner.buf_offset + inner.buf_len as u64;
         let head = (HEADER_LEN + key_len) as u64;
         let mut gap = (pos + head).next_multiple_of(align) - (pos + head);
@@ -369,26 +392,8 @@ impl ValueLog {
     /// Appends a `PAD` record of `len` bytes (at least `HEADER_LEN`) at the
     /// current position.
     fn put_pad(&self, inner: &mut Inner, len: usize) {
-        let at = inner.buf_len;
-        if len <= inner.buf_cap - at {
-            record::encode_pad_into(&mut inner.buf[at..at + len], inner.epoch);
-            inner.buf_len += len;
-            inner.appended_lsn += len as u64;
-            if inner.buf_len == inner.buf_cap {
-                self.seal_chunk(inner);
-            }
-            return;
-        }
-        let mut small = [0u8; MAX_ALIGN_PAD];
-        let mut large = Vec::new();
-        let pad = if len <= small.len() {
-            &mut small[..len]
-        } else {
-            large.resize(len, 0);
-            &mut large[..]
-        };
-        record::encode_pad_into(pad, inner.epoch);
-        self.put_bytes(inner, pad);
+        let epoch = inner.epoch;
+        self.put_encoded(inner, len, |dst| record::encode_pad_into(dst, epoch));
     }
 
     fn put_bytes(&self, inner: &mut Inner, mut b: &[u8]) {
@@ -397,23 +402,15 @@ impl ValueLog {
             let n = room.min(b.len());
             let at = inner.buf_len;
             inner.buf[at..at + n].copy_from_slice(&b[..n]);
-            inner.buf_len += n;
-            inner.appended_lsn += n as u64;
             b = &b[n..];
-            if inner.buf_len == inner.buf_cap {
-                self.seal_chunk(inner);
-            }
+            self.advance(inner, n);
         }
     }
 
     fn skip_bytes(&self, inner: &mut Inner, n: usize) {
         let at = inner.buf_len;
         inner.buf[at..at + n].fill(0);
-        inner.buf_len += n;
-        inner.appended_lsn += n as u64;
-        if inner.buf_len == inner.buf_cap {
-            self.seal_chunk(inner);
-        }
+        self.advance(inner, n);
     }
 
     /// Pads the current page (PAD record or zero tail) and seals the chunk.
@@ -684,7 +681,7 @@ impl ValueLog {
     /// bytes are read; the checksum in `ptr` verifies them.
     pub fn read_value(&self, ptr: ValuePtr, key: &[u8]) -> Result<(Bytes, bool)> {
         let epoch = self.epoch_of(ptr)?;
-        let (start, end) = Self::extent_of(ptr, key)?;
+        let (start, end) = self.extent_of(ptr, key)?;
         if start == end {
             return Ok((Self::verified(Bytes::new(), ptr)?, false));
         }
@@ -701,7 +698,7 @@ impl ValueLog {
         let mut recent = Vec::new(); // (i, start, end): segments still partly in memory
         for (i, (ptr, key)) in reqs.iter().enumerate() {
             let epoch = self.epoch_of(*ptr)?;
-            let (start, end) = Self::extent_of(*ptr, key)?;
+            let (start, end) = self.extent_of(*ptr, key)?;
             if start == end {
                 out[i] = Some((Self::verified(Bytes::new(), *ptr)?, false));
             } else if epoch < self.on_device_below.load(Ordering::Acquire) {
@@ -718,7 +715,7 @@ impl ValueLog {
                 let inner = self.inner.lock();
                 for (i, start, end) in recent {
                     let seg = reqs[i].0.seg;
-                    if end <= Self::memory_tail_start(&inner, seg) && end <= self.seg_bytes {
+                    if end <= Self::memory_tail_start(&inner, seg) {
                         device.push((i, start, end));
                     } else {
                         from_memory.push(i);
@@ -743,12 +740,6 @@ impl ValueLog {
             let mut extents: Vec<(SegmentId, u64, u64, Vec<usize>)> = Vec::new(); // seg, a, z, members
             for (d, &(i, s, e)) in device.iter().enumerate() {
                 let seg = reqs[i].0.seg;
-                if e > self.seg_bytes {
-                    return Err(Error::Corrupt(format!(
-                        "value pointer {:?} out of range",
-                        reqs[i].0
-                    )));
-                }
                 let (a, z) = (s / align * align, e.div_ceil(align) * align);
                 match extents.last_mut() {
                     Some((xs, xa, xz, members))
@@ -802,10 +793,15 @@ impl ValueLog {
             .unwrap_or(u64::MAX)
     }
 
-    /// Where the value of the record at `ptr` with key `key` lies.
-    fn extent_of(ptr: ValuePtr, key: &[u8]) -> Result<(u64, u64)> {
-        ptr.value_extent(key.len())
-            .ok_or_else(|| Error::Corrupt(format!("value pointer {ptr:?} is shorter than its key")))
+    /// Where the value of the record at `ptr` with key `key` lies; an
+    /// error if the pointer cannot hold such a key or ends past the segment.
+    fn extent_of(&self, ptr: ValuePtr, key: &[u8]) -> Result<(u64, u64)> {
+        match ptr.value_extent(key.len()) {
+            Some((start, end)) if end <= self.seg_bytes => Ok((start, end)),
+            _ => Err(Error::Corrupt(format!(
+                "value pointer {ptr:?} does not fit its key and segment"
+            ))),
+        }
     }
 
     /// Checks value bytes read for `ptr` against its checksum.
@@ -830,9 +826,10 @@ impl ValueLog {
         }
     }
 
-    /// Returns exactly the bytes `[start, end)` of segment `seg` (of log
-    /// epoch `epoch`) and whether the device was read: from the in-memory
-    /// chunks if they still hold them, else one device read.
+    /// Returns exactly the bytes `[start, end)` (within the segment, see
+    /// [`Self::extent_of`]) of segment `seg` (of log epoch `epoch`) and
+    /// whether the device was read: from the in-memory chunks if they still
+    /// hold them, else one device read.
     fn read_range(
         &self,
         seg: SegmentId,
@@ -840,11 +837,6 @@ impl ValueLog {
         start: u64,
         end: u64,
     ) -> Result<(Bytes, bool)> {
-        if end > self.seg_bytes {
-            return Err(Error::Corrupt(format!(
-                "value at {start}..{end} of segment {seg} is out of range"
-            )));
-        }
         if epoch < self.on_device_below.load(Ordering::Acquire) {
             return Ok((self.read_device(seg, start, end)?, true));
         }
@@ -914,7 +906,7 @@ impl ValueLog {
         self.segs
             .read()
             .values()
-            .any(|m| m.sealed && (m.live_bytes as f64) < max_live * m.written_bytes.max(1) as f64)
+            .any(|m| m.sealed && m.live_fraction() < max_live)
     }
 
     /// The current (open) segment.
