@@ -28,20 +28,14 @@ const DBSIZE_CHUNK: usize = 32;
 pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
     let result = match cmd {
         Cmd::Set => set(state, args),
-        Cmd::Get => state
-            .db
-            .get(&args[1])
-            .map(|v| v.map_or(Reply::Null, Reply::Bulk)),
+        Cmd::Get => state.db.get(&args[1]).map(get_reply),
         Cmd::Mset => mset(state, args),
         Cmd::Mget => {
             let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
-            state.db.multi_get(&keys).map(|vals| {
-                Reply::Array(
-                    vals.into_iter()
-                        .map(|v| v.map_or(Reply::Null, Reply::Bulk))
-                        .collect(),
-                )
-            })
+            state
+                .db
+                .multi_get(&keys)
+                .map(|vals| Reply::Array(vals.into_iter().map(get_reply).collect()))
         }
         Cmd::Del => del(state, args),
         Cmd::Exists => {
@@ -172,7 +166,7 @@ pub fn execute_gets(group: Vec<crate::exec::Run>) {
     let queued: Vec<Duration> = group.iter().map(|r| r.submitted.elapsed()).collect();
     let keys: Vec<&[u8]> = group
         .iter()
-        .flat_map(|r| r.cmds.iter().map(|(_, args)| &args[1][..]))
+        .flat_map(|r| r.cmds.iter().map(get_key))
         .collect();
     let clock = CallClock::start();
     let merged = state.db.multi_get(&keys);
@@ -185,7 +179,7 @@ pub fn execute_gets(group: Vec<crate::exec::Run>) {
             Some(values) => values
                 .by_ref()
                 .take(run.cmds.len())
-                .map(|v| (v.clone().map_or(Reply::Null, Reply::Bulk), share))
+                .map(|v| (get_reply(v.clone()), share))
                 .collect(),
             None => execute_batch(&state, &run.cmds),
         };
@@ -206,11 +200,7 @@ pub fn execute_sets(group: Vec<crate::exec::Run>) {
     let queued: Vec<Duration> = group.iter().map(|r| r.submitted.elapsed()).collect();
     let ops: Vec<BatchOp> = group
         .iter()
-        .flat_map(|r| {
-            r.cmds
-                .iter()
-                .map(|(_, a)| BatchOp::Put(a[1].clone(), a[2].clone()))
-        })
+        .flat_map(|r| r.cmds.iter().map(set_op))
         .collect();
     let clock = CallClock::start();
     let merged = {
@@ -232,21 +222,29 @@ pub fn execute_sets(group: Vec<crate::exec::Run>) {
     }
 }
 
+/// The key of a plain `GET key`.
+fn get_key((_, args): &(Cmd, Vec<Bytes>)) -> &[u8] {
+    &args[1]
+}
+
+/// A GET's reply.
+fn get_reply(value: Option<Bytes>) -> Reply {
+    value.map_or(Reply::Null, Reply::Bulk)
+}
+
+/// The write of a plain `SET key value`.
+fn set_op((_, args): &(Cmd, Vec<Bytes>)) -> BatchOp {
+    BatchOp::Put(args[1].clone(), args[2].clone())
+}
+
 fn get_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
-    let keys: Vec<&[u8]> = run.iter().map(|(_, a)| &a[1][..]).collect();
+    let keys: Vec<&[u8]> = run.iter().map(get_key).collect();
     let vals = state.db.multi_get(&keys).ok()?;
-    Some(
-        vals.into_iter()
-            .map(|v| v.map_or(Reply::Null, Reply::Bulk))
-            .collect(),
-    )
+    Some(vals.into_iter().map(get_reply).collect())
 }
 
 fn set_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
-    let ops: Vec<BatchOp> = run
-        .iter()
-        .map(|(_, a)| BatchOp::Put(a[1].clone(), a[2].clone()))
-        .collect();
+    let ops: Vec<BatchOp> = run.iter().map(set_op).collect();
     let _shared = state.write_order.read();
     state.db.write_batch(&ops).ok()?;
     Some(vec![Reply::ok(); run.len()])
