@@ -215,14 +215,11 @@ fn multi_get_reads_only_the_records() {
     for i in 0..64u32 {
         db.put(&key(i), &value_for(i, 1, len)).expect("put");
     }
-    db.sync().expect("sync");
-    drop(db);
-    let db = open(&dev, &small_opts());
+    let db = reopened(&dev, db, &small_opts());
     let wanted: Vec<Vec<u8>> = (0..64u32).step_by(8).map(key).collect();
     let keys: Vec<&[u8]> = wanted.iter().map(|k| &k[..]).collect();
-    let before = engine::flash::Device::counters(&*dev).bytes_read;
-    let got = db.multi_get(&keys).expect("multi_get");
-    let read = engine::flash::Device::counters(&*dev).bytes_read - before;
+    let (got, reads) = reads_during(&dev, || db.multi_get(&keys).expect("multi_get"));
+    let read = reads.bytes;
     for (i, v) in (0..64u32).step_by(8).zip(&got) {
         assert_eq!(v.as_deref(), Some(&value_for(i, 1, len)[..]), "key {i}");
     }
@@ -262,13 +259,10 @@ fn large_values_are_read_as_exactly_their_blocks() {
             written.push((k, v));
         }
     }
-    db.sync().expect("sync");
-    drop(db);
-    let db = open(&dev, &small_opts());
+    let db = reopened(&dev, db, &small_opts());
     for (k, v) in &written {
-        let before = engine::flash::Device::counters(&*dev).bytes_read;
-        let got = db.get(k).expect("get");
-        let read = engine::flash::Device::counters(&*dev).bytes_read - before;
+        let (got, reads) = reads_during(&dev, || db.get(k).expect("get"));
+        let read = reads.bytes;
         assert!(got.as_deref() == Some(&v[..]), "key of {} bytes", k.len());
         assert_eq!(
             read,
@@ -291,12 +285,9 @@ fn scans_of_large_values_merge_their_reads() {
     for i in 0..24u32 {
         db.put(&key(i), &value_for(i, 1, len)).expect("put");
     }
-    db.sync().expect("sync");
-    drop(db);
-    let db = open(&dev, &small_opts());
-    let before = engine::flash::Device::counters(&*dev).read_ops;
-    let got = db.scan(&key(0), b"", 100).expect("scan");
-    let reads = engine::flash::Device::counters(&*dev).read_ops - before;
+    let db = reopened(&dev, db, &small_opts());
+    let (got, reads) = reads_during(&dev, || db.scan(&key(0), b"", 100).expect("scan"));
+    let reads = reads.ops;
     assert_eq!(got.len(), 24);
     for (i, (k, v)) in got.iter().enumerate() {
         assert_eq!(&k[..], &key(i as u32)[..]);

@@ -27,6 +27,34 @@ pub fn open(dev: &Arc<NandDevice>, opts: &Options) -> Db {
     Db::open(d, opts.clone()).expect("open")
 }
 
+/// Syncs `db`, closes it and opens the store on `dev` again, so nothing it
+/// wrote is still in memory and the keytable cache is freshly warmed.
+pub fn reopened(dev: &Arc<NandDevice>, db: Db, opts: &Options) -> Db {
+    db.sync().expect("sync");
+    drop(db);
+    open(dev, opts)
+}
+
+/// What the device read while something ran.
+pub struct Reads {
+    /// Bytes read.
+    pub bytes: u64,
+    /// Read operations.
+    pub ops: u64,
+}
+
+/// Runs `f` and returns its result with the device reads it caused.
+pub fn reads_during<T>(dev: &NandDevice, f: impl FnOnce() -> T) -> (T, Reads) {
+    let before = dev.counters();
+    let out = f();
+    let after = dev.counters();
+    let reads = Reads {
+        bytes: after.bytes_read - before.bytes_read,
+        ops: after.read_ops - before.read_ops,
+    };
+    (out, reads)
+}
+
 /// Deterministic value for (key, version).
 pub fn value_for(key: u32, version: u64, len: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(len);
