@@ -8,17 +8,68 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use bytes::Bytes;
 use crossbeam_skiplist::SkipMap;
 
-use crate::types::{entry_order, Entry, Kind, SeqNo, ValuePtr};
+#[cfg(doc)]
+use crate::types::entry_order;
+use crate::types::{Entry, Kind, SeqNo, ValuePtr};
 
 /// Per-entry DRAM overhead charged on top of the key bytes.
 const ENTRY_OVERHEAD: usize = 64;
 
+/// Bytes of a key kept inline in its skiplist entry as [`KeyHead`].
+const HEAD_LEN: usize = 16;
+
+/// A key's first [`HEAD_LEN`] bytes, zero-padded, as two big-endian words:
+/// comparing heads orders keys like comparing their first 16 bytes.
+type KeyHead = (u64, u64);
+
+fn head_of(key: &[u8]) -> KeyHead {
+    let mut b = [0u8; HEAD_LEN];
+    let n = key.len().min(HEAD_LEN);
+    b[..n].copy_from_slice(&key[..n]);
+    let (hi, lo) = b.split_at(8);
+    let word = |w: &[u8]| w.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x));
+    (word(hi), word(lo))
+}
+
+/// A memtable entry's key: `(user key, seq)` ordered by [`entry_order`].
+///
+/// The key's head is kept beside the key's `Bytes`, so a skiplist search
+/// compares two integers on the node it already loaded and reads the key's
+/// heap bytes only when the heads tie. Without it every visited node cost a
+/// second cache miss, and inserts were a quarter of a node's CPU time.
+///
+/// Equal heads mean the keys agree on their first 16 bytes, except that a
+/// shorter key is zero-padded. If either key is at most 16 bytes long, the
+/// shorter key is then a prefix of the longer (or they are equal), so the
+/// lengths decide; otherwise the tails decide.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct IKey(Bytes, SeqNo);
+struct IKey {
+    head: KeyHead,
+    key: Bytes,
+    seq: SeqNo,
+}
+
+impl IKey {
+    fn new(key: Bytes, seq: SeqNo) -> Self {
+        Self {
+            head: head_of(&key),
+            key,
+            seq,
+        }
+    }
+}
 
 impl Ord for IKey {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        entry_order(&self.0, self.1, &o.0, o.1)
+        let by_key = self.head.cmp(&o.head).then_with(|| {
+            let (a, b) = (&self.key, &o.key);
+            if a.len().min(b.len()) <= HEAD_LEN {
+                a.len().cmp(&b.len())
+            } else {
+                a[HEAD_LEN..].cmp(&b[HEAD_LEN..])
+            }
+        });
+        by_key.then(o.seq.cmp(&self.seq))
     }
 }
 impl PartialOrd for IKey {
@@ -48,16 +99,16 @@ impl Memtable {
             .fetch_add(key.len() + ENTRY_OVERHEAD, Ordering::Relaxed);
         self.log_bytes
             .fetch_add(u64::from(ptr.len), Ordering::Relaxed);
-        self.map.insert(IKey(key, seq), (kind, ptr));
+        self.map.insert(IKey::new(key, seq), (kind, ptr));
     }
 
     /// The newest version of `key` with sequence at most `seq`.
     pub fn get(&self, key: &[u8], seq: SeqNo) -> Option<Entry> {
-        let start = IKey(Bytes::copy_from_slice(key), seq);
+        let start = IKey::new(Bytes::copy_from_slice(key), seq);
         let e = self.map.range(start..).next()?;
-        (e.key().0.as_ref() == key).then(|| Entry {
-            key: e.key().0.clone(),
-            seq: e.key().1,
+        (e.key().key.as_ref() == key).then(|| Entry {
+            key: e.key().key.clone(),
+            seq: e.key().seq,
             kind: e.value().0,
             ptr: e.value().1,
         })
@@ -65,12 +116,12 @@ impl Memtable {
 
     /// All entries ordered at or after `(from, SeqNo::MAX)`, in order.
     pub fn iter_from(&self, from: &[u8]) -> impl Iterator<Item = Entry> + '_ {
-        let start = IKey(Bytes::copy_from_slice(from), SeqNo::MAX);
+        let start = IKey::new(Bytes::copy_from_slice(from), SeqNo::MAX);
         self.map
             .range((Bound::Included(start), Bound::Unbounded))
             .map(|e| Entry {
-                key: e.key().0.clone(),
-                seq: e.key().1,
+                key: e.key().key.clone(),
+                seq: e.key().seq,
                 kind: e.value().0,
                 ptr: e.value().1,
             })
@@ -78,7 +129,7 @@ impl Memtable {
 
     /// The largest key held.
     pub fn last_key(&self) -> Option<Bytes> {
-        self.map.back().map(|e| e.key().0.clone())
+        self.map.back().map(|e| e.key().key.clone())
     }
 
     /// Charged DRAM (keys plus per-entry overhead).
@@ -105,6 +156,8 @@ impl Memtable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::entry_order;
+    use proptest::prelude::Just;
 
     #[test]
     fn newest_visible_version_wins() {
@@ -123,5 +176,26 @@ mod tests {
         let keys: Vec<_> = m.iter_from(b"a").map(|e| (e.key, e.seq)).collect();
         assert_eq!(keys.len(), 3);
         assert_eq!(keys[0].1, 5);
+    }
+
+    proptest::proptest! {
+        /// The head shortcut orders entries exactly as `entry_order` does:
+        /// keys around the 16-byte head, prefixes of each other, with
+        /// zero bytes (which pad short heads) and equal heads.
+        #[test]
+        fn key_order_is_entry_order(
+            a in proptest::collection::vec(proptest::prop_oneof![Just(0u8), Just(1u8), Just(255u8)], 0..40),
+            b_tail in proptest::collection::vec(proptest::prop_oneof![Just(0u8), Just(1u8), Just(255u8)], 0..40),
+            cut in 0usize..40,
+            sa in 0u64..3,
+            sb in 0u64..3,
+        ) {
+            // b shares a prefix of a (often its whole head), then differs.
+            let mut b = a[..cut.min(a.len())].to_vec();
+            b.extend_from_slice(&b_tail);
+            let (ka, kb) = (IKey::new(Bytes::from(a.clone()), sa), IKey::new(Bytes::from(b.clone()), sb));
+            proptest::prop_assert_eq!(ka.cmp(&kb), entry_order(&a, sa, &b, sb));
+            proptest::prop_assert_eq!(kb.cmp(&ka), entry_order(&b, sb, &a, sa));
+        }
     }
 }
