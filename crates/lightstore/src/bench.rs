@@ -55,6 +55,11 @@ pub struct BenchArgs {
     /// Random seed of the key sequence.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Set every key of the key space once (untimed) before a write
+    /// workload, so it overwrites a filled store as a long-running node
+    /// does. Read workloads always fill an empty store first.
+    #[arg(long)]
+    prefill: bool,
 }
 
 /// Sizes like `4096`, `64K`, `512M`, `8G` (shared with `lightstore node`).
@@ -128,7 +133,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     let db = Arc::new(Db::open(dev as Arc<dyn Device>, opts).map_err(|e| e.to_string())?);
 
-    if args.workload.reads() && db.stats().last_seq == 0 {
+    if (args.workload.reads() || args.prefill) && db.stats().last_seq == 0 {
         let fill = BenchArgs {
             workload: Workload::SSet,
             threads: args.threads.min(2),
@@ -173,6 +178,7 @@ impl BenchArgs {
             cache_size: self.cache_size,
             json: self.json,
             seed: self.seed,
+            prefill: false,
         }
     }
 }
