@@ -34,6 +34,15 @@ const SCAN_READ_BATCH: usize = 256;
 /// fails with `NoSpace`.
 const NOSPACE_WAIT: Duration = Duration::from_secs(5);
 
+/// Whether a write may wait (for throttling, GC, device writes or syncs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// It may block: the ordinary write path.
+    Allowed,
+    /// It must not: it gives up, writing nothing, where it would wait.
+    Never,
+}
+
 /// One operation of an atomic write batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BatchOp {
@@ -186,6 +195,25 @@ impl Db {
         self.inner.write(&recs)
     }
 
+    /// Applies `ops` atomically like [`Db::write_batch`], but only if that
+    /// needs no waiting: not under `sync` durability, not while writers are
+    /// being slowed down for flushing or low space, not while the log's
+    /// write-behind backlog is full, and not when the log is out of space.
+    /// Returns `Ok(false)` with nothing written in those cases, so that a
+    /// caller which must not block (a network thread) can hand the write to
+    /// a thread that may wait. The only other wait is the log lock, held
+    /// briefly by other appends. An error also means nothing was written.
+    pub fn try_write_batch(&self, ops: &[BatchOp]) -> Result<bool> {
+        let recs: Vec<(u8, &[u8], &[u8])> = ops
+            .iter()
+            .map(|op| match op {
+                BatchOp::Put(k, v) => (KIND_PUT, &k[..], &v[..]),
+                BatchOp::Delete(k) => (KIND_DELETE, &k[..], &[][..]),
+            })
+            .collect();
+        self.inner.write_with(&recs, Wait::Never)
+    }
+
     /// The current value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         let seq = self.inner.visible_seq.load(Ordering::Acquire);
@@ -318,8 +346,15 @@ impl DbInner {
     }
 
     pub(crate) fn write(&self, ops: &[(u8, &[u8], &[u8])]) -> Result<()> {
+        self.write_with(ops, Wait::Allowed).map(|_| ())
+    }
+
+    /// Writes `ops` as one atomic batch. With [`Wait::Never`] it returns
+    /// `Ok(false)`, having written nothing, where it would have to wait;
+    /// once its records are appended it returns `Ok(true)`.
+    pub(crate) fn write_with(&self, ops: &[(u8, &[u8], &[u8])], wait: Wait) -> Result<bool> {
         if ops.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         if let Some(e) = self.bg_error.lock().clone() {
             return Err(Error::Stopped(e));
@@ -328,6 +363,9 @@ impl DbInner {
         for (_, k, v) in ops {
             self.check_sizes(k, v)?;
             user_bytes += (k.len() + v.len()) as u64;
+        }
+        if wait == Wait::Never && self.write_would_wait(user_bytes) {
+            return Ok(false);
         }
         self.throttle();
         let recs: Vec<LogRecord<'_>> = ops
@@ -363,16 +401,40 @@ impl DbInner {
                 }
             })
         };
-        let lsn = self.retry_while_gc_can_free(append)?;
+        let lsn = match wait {
+            Wait::Allowed => self.retry_while_gc_can_free(append)?,
+            Wait::Never => match append() {
+                Err(Error::NoSpace) => return Ok(false),
+                other => other?,
+            },
+        };
         Counters::add(&self.counters.user_bytes, user_bytes);
+        if self.memtable_full() {
+            self.wake();
+        }
+        if wait == Wait::Never {
+            // Checked before the append: the backlog was not full, and
+            // the durability needs no sync.
+            return Ok(true);
+        }
         self.write_behind()?;
         if self.opts.durability == Durability::Sync {
             self.vlog.sync_to(lsn)?;
         }
-        if self.memtable_full() {
-            self.wake();
-        }
-        Ok(())
+        Ok(true)
+    }
+
+    /// True if a write now would wait: for a device sync (`sync`
+    /// durability), for its own chunk writes (no background threads), in
+    /// [`Self::throttle`], or to help the write-behind thread because its
+    /// `bytes` would fill the backlog of sealed chunks.
+    fn write_would_wait(&self, bytes: u64) -> bool {
+        let chunks = 1 + bytes as usize / self.opts.log_chunk_bytes.max(1);
+        self.opts.durability == Durability::Sync
+            || !self.opts.background
+            || self.free_hint.load(Ordering::Relaxed) <= self.opts.reserved_segments + 2
+            || self.flush_debt() >= 1.0
+            || self.vlog.backlog() + chunks >= MAX_LOG_BACKLOG
     }
 
     /// Re-inserts a live value found by GC, keeping its sequence number.

@@ -101,6 +101,8 @@ fn metrics_endpoint_and_info_commandstats() {
     for k in ["usec_per_call=", "p50=", "p99=", "p999="] {
         assert!(line.contains(k), "{line}");
     }
+    // Synced SETs wait for the device: never on the network thread.
+    assert_eq!(info_field(&n, "stats", "inline_sets"), Some(0));
     let info = n.cli(&["info", "latency_breakdown"]);
     for k in [
         "requests:",
@@ -110,6 +112,36 @@ fn metrics_endpoint_and_info_commandstats() {
         "device_us:",
     ] {
         assert!(info.contains(k), "{k} missing in {info}");
+    }
+}
+
+/// A numeric field of an INFO section.
+fn info_field(n: &Node, section: &str, field: &str) -> Option<u64> {
+    let info = n.cli(&["info", section]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn plain_sets_are_written_on_the_network_thread_under_interval_durability() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut n = Node::start_in(dir.path(), &["--durability", "interval"]).expect("node starts");
+    for i in 0..3 {
+        assert_eq!(n.cli(&["set", &format!("k{i}"), &format!("v{i}")]), "OK");
+    }
+    assert_eq!(info_field(&n, "stats", "inline_sets"), Some(3));
+    // SET NX reads first: it goes through the executor pool.
+    assert_eq!(n.cli(&["set", "k0", "x", "nx"]), "");
+    assert_eq!(info_field(&n, "stats", "inline_sets"), Some(3));
+    assert_eq!(n.cli(&["get", "k2"]), "v2");
+    // A clean stop syncs what the network thread wrote.
+    n.terminate();
+    assert_eq!(n.wait_exit(Duration::from_secs(30)), Some(0));
+    drop(n);
+    let n = Node::start_in(dir.path(), &[]).expect("node restarts");
+    for i in 0..3 {
+        assert_eq!(n.cli(&["get", &format!("k{i}")]), format!("v{i}"));
     }
 }
 

@@ -23,6 +23,11 @@ use crate::state::{Counters, NodeState};
 const KEEP_BUFFER: usize = 1 << 20;
 /// Bytes read per `read` call (more when a large bulk string is pending).
 const READ_CHUNK: usize = 64 << 10;
+/// Longest run of plain SETs the network thread writes itself when the
+/// engine needs no waiting for it (see `data::try_sets_inline`). Longer
+/// runs go to the executor pool, where runs of several connections merge
+/// and the work spreads over the cores.
+const MAX_INLINE_SETS: usize = 1;
 
 /// A request's place in the reply order.
 enum Slot {
@@ -287,6 +292,11 @@ async fn run_on_executor(
     let all_sets = jobs
         .iter()
         .all(|(cmd, args)| *cmd == Cmd::Set && args.len() == 3);
+    if all_sets && jobs.len() <= MAX_INLINE_SETS {
+        if let Some(replies) = crate::data::try_sets_inline(state, &jobs) {
+            return Some((replies, Duration::ZERO));
+        }
+    }
     if all_gets || all_sets {
         let run = Run {
             state: state.clone(),

@@ -222,6 +222,31 @@ pub fn execute_sets(group: Vec<crate::exec::Run>) {
     }
 }
 
+/// Runs a connection's run of plain SETs on the calling (network) thread
+/// if the engine can take it without waiting ([`engine::Db::try_write_batch`]):
+/// under `interval` durability a small SET is a copy into the log buffer
+/// and a memtable insert, cheaper than the two thread hand-offs of the
+/// executor pool. `None`, with nothing written, where it would wait or
+/// fail; the caller then queues the run as usual.
+pub fn try_sets_inline(
+    state: &NodeState,
+    run: &[(Cmd, Vec<Bytes>)],
+) -> Option<Vec<(Reply, CallTime)>> {
+    let _shared = state.write_order.try_read()?;
+    let ops: Vec<BatchOp> = run.iter().map(set_op).collect();
+    let clock = CallClock::start();
+    let written = state.db.try_write_batch(&ops);
+    let share = clock.stop().share(run.len());
+    if !matches!(written, Ok(true)) {
+        return None;
+    }
+    state
+        .counters
+        .inline_sets
+        .fetch_add(run.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    Some(vec![(Reply::ok(), share); run.len()])
+}
+
 /// The key of a plain `GET key`.
 fn get_key((_, args): &(Cmd, Vec<Bytes>)) -> &[u8] {
     &args[1]

@@ -72,6 +72,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("total_connections_received", &get(&c.connections_received));
             line("total_commands_processed", &get(&c.commands));
             line("rejected_connections", &get(&c.rejected_connections));
+            line("inline_sets", &get(&c.inline_sets));
             for ((_, name, _), calls) in COMMANDS.iter().zip(&c.calls) {
                 let n = get(calls);
                 if n > 0 {

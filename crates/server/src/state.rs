@@ -22,6 +22,8 @@ pub struct Counters {
     pub clients: AtomicUsize,
     /// Requests processed.
     pub commands: AtomicU64,
+    /// Plain SETs the network thread wrote itself (no executor hand-off).
+    pub inline_sets: AtomicU64,
     /// Calls per entry of [`COMMANDS`].
     pub calls: Vec<AtomicU64>,
 }
@@ -33,6 +35,7 @@ impl Counters {
             rejected_connections: AtomicU64::new(0),
             clients: AtomicUsize::new(0),
             commands: AtomicU64::new(0),
+            inline_sets: AtomicU64::new(0),
             calls: COMMANDS.iter().map(|_| AtomicU64::new(0)).collect(),
         }
     }
