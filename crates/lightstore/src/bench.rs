@@ -96,6 +96,9 @@ pub struct Report {
     garbage_ratio: f64,
     compactions: u64,
     write_throttle_ms: u64,
+    /// Writes already in the store when the timed run started (a reused
+    /// store, the fill before a read workload, or `--prefill`).
+    writes_before: u64,
 }
 
 fn progress(len: u64, label: &str, quiet: bool) -> ProgressBar {
@@ -310,6 +313,7 @@ fn make_report(
         garbage_ratio: after.garbage_ratio,
         compactions: after.compactions,
         write_throttle_ms: (after.write_throttle_micros - before.write_throttle_micros) / 1000,
+        writes_before: before.last_seq,
     }
 }
 

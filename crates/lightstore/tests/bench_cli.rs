@@ -71,3 +71,14 @@ fn bad_arguments_fail_cleanly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("durability"));
 }
+
+#[test]
+fn prefill_makes_a_write_workload_overwrite_a_filled_store() {
+    let fresh = tempfile::tempdir().expect("tempdir");
+    let r = bench(fresh.path(), "r-set", &[]);
+    assert_eq!(r["writes_before"].as_u64(), Some(0));
+    let filled = tempfile::tempdir().expect("tempdir");
+    let r = bench(filled.path(), "r-set", &["--prefill"]);
+    assert_eq!(r["writes_before"].as_u64(), Some(3000), "every key set once first");
+    assert_eq!(r["ops"].as_u64(), Some(3000), "the timed run is unchanged");
+}
