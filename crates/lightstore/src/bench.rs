@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use engine::flash::{Device, FileDevice, DEFAULT_PAGE_SIZE};
-use engine::{Db, Durability, Options, Stats};
+use engine::{BatchOp, Db, Durability, Options, Stats};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -37,6 +38,11 @@ pub struct BenchArgs {
     /// Client threads (each has one request in flight: threads = queue depth).
     #[arg(long, default_value_t = 1)]
     threads: u64,
+    /// Operations per request: each thread sends its next N operations as
+    /// one atomic write batch (SETs) and one multi-get (GETs), as a client
+    /// pipelining N commands does. Latency is then per request.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// Durability: sync, interval, interval:MS or none.
     #[arg(long, default_value = "none")]
     durability: String,
@@ -175,6 +181,7 @@ impl BenchArgs {
             num: self.num,
             ops: None,
             threads: self.threads,
+            batch: 1,
             durability: self.durability.clone(),
             path: self.path.clone(),
             capacity: self.capacity,
@@ -206,26 +213,22 @@ fn drive(
                     let mut key = Vec::new();
                     let mut done = 0u64;
                     let ops = args.ops.unwrap_or(args.num);
-                    let stream =
+                    let mut stream =
                         OpStream::new(args.workload, args.num, ops, args.threads, t, args.seed);
-                    for op in stream {
-                        let t0 = Instant::now();
-                        match op {
-                            Op::Get(i) => {
-                                encode_key(i, args.key_size, &mut key);
-                                if db.get(&key).map_err(|e| e.to_string())?.is_none() {
-                                    not_found.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                            Op::Set(i) => {
-                                encode_key(i, args.key_size, &mut key);
-                                db.put(&key, values.get(i, done))
-                                    .map_err(|e| e.to_string())?;
-                            }
+                    let mut group = Vec::with_capacity(args.batch.max(1));
+                    loop {
+                        group.clear();
+                        group.extend(stream.by_ref().take(args.batch.max(1)));
+                        if group.is_empty() {
+                            break;
                         }
+                        let t0 = Instant::now();
+                        let misses = run_group(&db, args, &values, &group, done, &mut key)?;
+                        not_found.fetch_add(misses, Ordering::Relaxed);
                         hist.saturating_record(t0.elapsed().as_micros().max(1) as u64);
-                        done += 1;
-                        if done.is_multiple_of(1024) {
+                        let before = done;
+                        done += group.len() as u64;
+                        if done / 1024 > before / 1024 {
                             pb.inc(1024);
                         }
                     }
@@ -249,6 +252,57 @@ fn drive(
         merged.add(r?).map_err(|e| e.to_string())?;
     }
     Ok((elapsed, merged, not_found.load(Ordering::Relaxed)))
+}
+
+/// Runs one request: a single operation as itself, several as one write
+/// batch of their SETs and one multi-get of their GETs. `done` numbers the
+/// thread's operations (it picks the value versions). Returns the misses.
+fn run_group(
+    db: &Db,
+    args: &BenchArgs,
+    values: &Values,
+    group: &[Op],
+    done: u64,
+    key: &mut Vec<u8>,
+) -> Result<u64, String> {
+    if let [op] = group {
+        return match *op {
+            Op::Get(i) => {
+                encode_key(i, args.key_size, key);
+                Ok(u64::from(db.get(key).map_err(|e| e.to_string())?.is_none()))
+            }
+            Op::Set(i) => {
+                encode_key(i, args.key_size, key);
+                db.put(key, values.get(i, done))
+                    .map_err(|e| e.to_string())?;
+                Ok(0)
+            }
+        };
+    }
+    let mut sets = Vec::new();
+    let mut gets: Vec<Vec<u8>> = Vec::new();
+    for (n, op) in group.iter().enumerate() {
+        match *op {
+            Op::Get(i) => {
+                encode_key(i, args.key_size, key);
+                gets.push(key.clone());
+            }
+            Op::Set(i) => {
+                encode_key(i, args.key_size, key);
+                let value = values.get_bytes(i, done + n as u64);
+                sets.push(BatchOp::Put(Bytes::copy_from_slice(key), value));
+            }
+        }
+    }
+    if !sets.is_empty() {
+        db.write_batch(&sets).map_err(|e| e.to_string())?;
+    }
+    if gets.is_empty() {
+        return Ok(0);
+    }
+    let keys: Vec<&[u8]> = gets.iter().map(Vec::as_slice).collect();
+    let found = db.multi_get(&keys).map_err(|e| e.to_string())?;
+    Ok(found.iter().filter(|v| v.is_none()).count() as u64)
 }
 
 fn ratio(a: u64, b: u64) -> f64 {

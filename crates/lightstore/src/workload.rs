@@ -1,5 +1,6 @@
 //! The paper's workloads (Table 3) and the key encoding they use.
 
+use bytes::Bytes;
 use clap::ValueEnum;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -111,7 +112,7 @@ pub fn encode_key(i: u64, size: usize, out: &mut Vec<u8>) {
 /// Incompressible value bytes: a random buffer that values are sliced from
 /// at varying offsets (as db_bench does), so generating a value costs nothing.
 pub struct Values {
-    buf: Vec<u8>,
+    buf: Bytes,
     size: usize,
 }
 
@@ -121,17 +122,29 @@ impl Values {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut buf = vec![0u8; (1 << 20) + size];
         rng.fill(&mut buf[..]);
-        Values { buf, size }
+        Values {
+            buf: Bytes::from(buf),
+            size,
+        }
     }
 
     /// The value for key `i`, write `version`.
     pub fn get(&self, i: u64, version: u64) -> &[u8] {
-        let span = (self.buf.len() - self.size) as u64;
-        let at = (i
-            .wrapping_mul(7919)
-            .wrapping_add(version.wrapping_mul(104_729))
-            % span) as usize;
+        let at = self.offset(i, version);
         &self.buf[at..at + self.size]
+    }
+
+    /// The same value as [`Values::get`], shared without a copy.
+    pub fn get_bytes(&self, i: u64, version: u64) -> Bytes {
+        let at = self.offset(i, version);
+        self.buf.slice(at..at + self.size)
+    }
+
+    fn offset(&self, i: u64, version: u64) -> usize {
+        let span = (self.buf.len() - self.size) as u64;
+        (i.wrapping_mul(7919)
+            .wrapping_add(version.wrapping_mul(104_729))
+            % span) as usize
     }
 }
 

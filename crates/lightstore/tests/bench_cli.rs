@@ -79,6 +79,24 @@ fn prefill_makes_a_write_workload_overwrite_a_filled_store() {
     assert_eq!(r["writes_before"].as_u64(), Some(0));
     let filled = tempfile::tempdir().expect("tempdir");
     let r = bench(filled.path(), "r-set", &["--prefill"]);
-    assert_eq!(r["writes_before"].as_u64(), Some(3000), "every key set once first");
+    assert_eq!(
+        r["writes_before"].as_u64(),
+        Some(3000),
+        "every key set once first"
+    );
     assert_eq!(r["ops"].as_u64(), Some(3000), "the timed run is unchanged");
+}
+
+#[test]
+fn batched_requests_write_and_read_every_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let set = bench(dir.path(), "s-set", &["--threads", "2", "--batch", "16"]);
+    assert_eq!(set["ops"].as_u64(), Some(3000));
+    // Every key the batched writes set is found by batched (multi-get) reads
+    // and by single GETs.
+    for batch in ["16", "1"] {
+        let r = bench(dir.path(), "r-mixed", &["--threads", "2", "--batch", batch]);
+        assert_eq!(r["not_found"].as_u64(), Some(0), "--batch {batch}");
+        assert!(r["gets"].as_u64().unwrap_or(0) > 0);
+    }
 }
