@@ -83,8 +83,6 @@ pub(crate) struct MaintState {
     pub(crate) forced_compactions: usize,
     /// Free segments a new keytable segment must leave (see `KtReserve`).
     pub(crate) kt_keep_free: u32,
-    pub(crate) device_bytes_base: u64,
-    pub(crate) user_bytes_base: u64,
 }
 
 pub(crate) struct DbInner {
@@ -106,6 +104,11 @@ pub(crate) struct DbInner {
     pub(crate) bg_error: Mutex<Option<String>>,
     /// Free segments as last seen by maintenance (cheap to read per write).
     pub(crate) free_hint: AtomicU32,
+    /// Lifetime byte counters as of open (from the manifest), to which this
+    /// run's counters add. Fixed after open, so stats never wait for the
+    /// maintenance lock (held through whole flush/GC/compaction rounds).
+    pub(crate) device_bytes_base: u64,
+    pub(crate) user_bytes_base: u64,
 }
 
 /// A LightStore engine instance on one flash device.
@@ -730,10 +733,7 @@ impl DbInner {
 
     pub(crate) fn stats(&self) -> Stats {
         let sv = self.sv.read().clone();
-        let (user_base, device_base) = {
-            let m = self.maint.lock();
-            (m.user_bytes_base, m.device_bytes_base)
-        };
+        let (user_base, device_base) = (self.user_bytes_base, self.device_bytes_base);
         let fstats = self.flash.stats();
         let user = user_base + Counters::get(&self.counters.user_bytes);
         let device = device_base + fstats.device.bytes_written;
@@ -797,5 +797,38 @@ impl DbInner {
             erase_count_max: fstats.erase_count_max,
             last_seq: self.visible_seq.load(Ordering::Acquire),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flash::{LossMode, NandConfig, NandDevice};
+
+    /// Stats (INFO, /metrics) must not wait for background maintenance,
+    /// which holds its lock through whole flush, GC and compaction rounds.
+    #[test]
+    fn stats_do_not_wait_for_the_maintenance_lock() {
+        let dev = NandDevice::new(NandConfig {
+            page_size: 4096,
+            capacity: 16 << 20,
+            loss: LossMode::AllUnsynced,
+            ..NandConfig::default()
+        });
+        let db = Arc::new(Db::open(dev, Options::small_for_tests()).expect("open"));
+        db.put(b"k", b"v").expect("put");
+        let held = db.inner.maint.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(db.stats());
+            })
+        };
+        let stats = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        reader.join().expect("stats thread");
+        let stats = stats.expect("stats waited for the maintenance lock");
+        assert!(stats.user_bytes_written > 0);
     }
 }

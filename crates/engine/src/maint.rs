@@ -490,8 +490,8 @@ impl DbInner {
             levels,
             keytable_segment: st.kt_seg.as_ref().map(|(r, _)| r.seg()),
             counters: PersistedCounters {
-                user_bytes: st.user_bytes_base + Counters::get(&self.counters.user_bytes),
-                device_bytes: st.device_bytes_base + device_now,
+                user_bytes: self.user_bytes_base + Counters::get(&self.counters.user_bytes),
+                device_bytes: self.device_bytes_base + device_now,
             },
         };
         self.flash.sync()?;
