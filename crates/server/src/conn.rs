@@ -292,7 +292,7 @@ async fn run_on_executor(
     let all_sets = jobs
         .iter()
         .all(|(cmd, args)| *cmd == Cmd::Set && args.len() == 3);
-    if all_sets && jobs.len() <= MAX_INLINE_SETS {
+    if all_sets && jobs.len() <= MAX_INLINE_SETS && state.sets_may_run_inline {
         if let Some(replies) = crate::data::try_sets_inline(state, &jobs) {
             return Some((replies, Duration::ZERO));
         }

@@ -71,12 +71,17 @@ pub struct NodeState {
     pub shutdown: tokio::sync::watch::Sender<bool>,
     /// Address actually bound (for INFO).
     pub tcp_port: u16,
+    /// Whether plain SETs may be written on the network thread: not under
+    /// `sync` durability, where every write waits for a device sync.
+    pub sets_may_run_inline: bool,
 }
 
 impl NodeState {
     /// State around an open engine.
     pub fn new(db: engine::Db, config: Config, limits: Limits, tcp_port: u16) -> Self {
+        let sets_may_run_inline = !matches!(config.durability(), Ok(engine::Durability::Sync));
         NodeState {
+            sets_may_run_inline,
             db,
             config,
             limits,
