@@ -17,6 +17,13 @@ use flash::SegmentId;
 /// Segments cleaned per pass at most.
 const MAX_VICTIMS_PER_PASS: usize = 4;
 
+/// With [`crate::Options::lazy_gc`], space is roomy while at least this
+/// fraction of the device's segments is free ...
+const ROOMY_FREE_FRACTION: f64 = 0.5;
+/// ... and then only segments less live than this are cleaned (cheap:
+/// little to relocate).
+const ROOMY_LIVE_THRESHOLD: f64 = 0.1;
+
 impl DbInner {
     /// One GC pass (under the maintenance lock). `force` cleans any segment
     /// with garbage; otherwise the thresholds decide.
@@ -34,11 +41,14 @@ impl DbInner {
         let low_space = self.space_low();
         // Cleaning a segment costs rewriting its live bytes and gains its
         // garbage: below the threshold the gain is worth it; when space is
-        // short a smaller gain is accepted; never clean what gains nothing.
+        // short a smaller gain is accepted, when it is roomy (lazy GC) only
+        // a large one; never clean what gains nothing.
         let threshold = if force {
             1.0
         } else if low_space {
             self.low_space_gc_threshold()
+        } else if self.opts.lazy_gc && self.space_roomy() {
+            self.opts.gc_live_threshold.min(ROOMY_LIVE_THRESHOLD)
         } else {
             self.opts.gc_live_threshold
         };
@@ -82,6 +92,12 @@ impl DbInner {
         // can be released by the flush's checkpoint.
         self.flush_locked(st, crate::maint::kt_reserve::GC_FLUSH)?;
         Ok(cleaned)
+    }
+
+    /// At least [`ROOMY_FREE_FRACTION`] of the device's segments are free.
+    fn space_roomy(&self) -> bool {
+        let segments = f64::from(self.flash.geometry().segment_count);
+        f64::from(self.flash.free_segments()) >= ROOMY_FREE_FRACTION * segments
     }
 
     /// Re-inserts the live values of `seg` as it reads them (so memory stays

@@ -64,6 +64,14 @@ pub struct Options {
     pub bloom_bits_per_key: usize,
     /// A sealed value segment whose live fraction is below this is a GC candidate.
     pub gc_live_threshold: f64,
+    /// While at least half the device is free, clean only nearly empty
+    /// segments (live fraction under 0.1): relocating values then buys space
+    /// nobody needs yet and takes device time from requests. Right for a
+    /// device whose every block is already allocated (a raw block device, a
+    /// device file with its holes filled); on a sparse file the log then
+    /// keeps writing into unallocated regions, which costs more than the GC
+    /// it saves.
+    pub lazy_gc: bool,
     /// Free segments kept back from user writes for GC and compaction.
     pub reserved_segments: u32,
     /// Size of one log write chunk (written as one device I/O), bytes.
@@ -91,6 +99,7 @@ impl Default for Options {
             cache_bytes: 768 * 1024 * 1024,
             bloom_bits_per_key: 10,
             gc_live_threshold: 0.5,
+            lazy_gc: false,
             reserved_segments: 3,
             log_chunk_bytes: 1024 * 1024,
             format_segment_pages: None,
@@ -115,6 +124,7 @@ impl Options {
             cache_bytes: 32 * 1024 * 1024,
             bloom_bits_per_key: 10,
             gc_live_threshold: 0.5,
+            lazy_gc: false,
             reserved_segments: 3,
             log_chunk_bytes: 16 * 1024,
             format_segment_pages: Some(16),

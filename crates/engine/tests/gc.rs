@@ -99,3 +99,62 @@ fn one_live_value_among_garbage_is_reclaimed() {
         Some(&b"still here"[..])
     );
 }
+
+/// With `lazy_gc`, while most of the device is free GC leaves segments
+/// that are a quarter live alone (relocating their values would buy space
+/// nobody needs yet), which eager GC cleans, and still cleans segments that
+/// hold nothing live.
+#[test]
+fn lazy_gc_waits_for_cheap_segments_while_space_is_roomy() {
+    for lazy in [true, false] {
+        let dev = nand(64, LossMode::AllUnsynced);
+        let opts = engine::Options {
+            lazy_gc: lazy,
+            ..small_opts()
+        };
+        let db = open(&dev, &opts);
+        let (keys, value_len) = (300u32, 3000);
+        let write = |version: u64, pick: &dyn Fn(u32) -> bool| {
+            for k in (0..keys).filter(|&k| pick(k)) {
+                db.put(&key(k), &value_for(k, version, value_len))
+                    .expect("put");
+            }
+            db.flush().expect("flush");
+            db.maintenance().expect("maintenance");
+        };
+        write(1, &|_| true); // every key once
+        write(2, &|k| k % 4 != 0); // 3 of 4 again: the first segments are a quarter live
+        let s = db.stats();
+        assert!(
+            s.segments_free * 2 >= s.segments_total,
+            "the test needs a roomy device: {s:?}"
+        );
+        if lazy {
+            assert_eq!(
+                s.gc_segments_reclaimed, 0,
+                "lazy GC cleaned a quarter-live segment: {s:?}"
+            );
+        } else {
+            assert!(
+                s.gc_segments_reclaimed > 0,
+                "eager GC left quarter-live segments: {s:?}"
+            );
+        }
+        let reclaimed = s.gc_segments_reclaimed;
+        write(3, &|k| k % 4 == 0); // the rest: the first segments are now dead
+        write(4, &|_| true);
+        let s = db.stats();
+        assert!(
+            s.gc_segments_reclaimed > reclaimed,
+            "lazy={lazy}: dead segments were not reclaimed: {s:?}"
+        );
+        for k in 0..keys {
+            let want = value_for(k, 4, value_len);
+            assert_eq!(
+                db.get(&key(k)).expect("get").as_deref(),
+                Some(&want[..]),
+                "key {k}"
+            );
+        }
+    }
+}

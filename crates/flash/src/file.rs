@@ -26,6 +26,8 @@ use crate::{IO_ALIGN, READ_ALIGN};
 const STRIPE_BYTES: usize = 1024 * 1024;
 /// Number of I/O threads per device.
 const IO_THREADS: usize = 32;
+/// Zeros written per call while filling holes (see [`FileDevice::fill_holes`]).
+const FILL_CHUNK: usize = 8 << 20;
 /// `BLKDISCARD` = `_IO(0x12, 119)`: discard a byte range of a block device.
 const BLKDISCARD: libc::c_ulong = 0x1277;
 
@@ -144,6 +146,71 @@ impl FileDevice {
         self.punch_holes.store(punch, Ordering::Relaxed);
     }
 
+    /// True for a raw block device (no file system allocates its blocks).
+    pub fn is_block_device(&self) -> bool {
+        self.block_device
+    }
+
+    /// Writes zeros into every hole of a regular device file, so that the
+    /// file system has allocated all its blocks and no later write has to
+    /// (on ext4 a direct write that allocates takes the inode lock
+    /// exclusively, and a synced one also commits the allocation). Data
+    /// already written is not touched: only holes, which read as zeros
+    /// anyway, are filled, so this is safe on a store in use. Returns the
+    /// bytes written (0 for a block device or a file without holes). Call it
+    /// before the device is used; together with `set_punch_holes(false)`
+    /// the file then stays fully allocated.
+    pub fn fill_holes(&self) -> Result<u64> {
+        if self.block_device {
+            return Ok(0);
+        }
+        let fd = self.file.as_raw_fd();
+        let holes = self.holes()?;
+        let needed: u64 = holes.iter().map(|(start, end)| end - start).sum();
+        let free = free_bytes(fd)?;
+        if needed > free {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "filling the device file's holes needs {needed} bytes, \
+                     its file system has {free} free"
+                ),
+            )
+            .into());
+        }
+        let zeros = AlignedBuf::new_zeroed(FILL_CHUNK);
+        for &(start, end) in &holes {
+            let mut off = start;
+            while off < end {
+                let n = (end - off).min(FILL_CHUNK as u64) as usize;
+                Self::write_from(&self.file, self.direct, off, &zeros[..n])?;
+                off += n as u64;
+            }
+        }
+        let filled = needed;
+        if filled > 0 {
+            self.file.sync_data()?;
+        }
+        Ok(filled)
+    }
+
+    /// The holes of the device file below its capacity, as `[start, end)`.
+    fn holes(&self) -> Result<Vec<(u64, u64)>> {
+        let fd = self.file.as_raw_fd();
+        let end = self.capacity;
+        let mut holes = Vec::new();
+        let mut at = 0u64;
+        while at < end {
+            let Some(hole) = seek(fd, at, libc::SEEK_HOLE)?.filter(|&h| h < end) else {
+                break;
+            };
+            let data = seek(fd, hole, libc::SEEK_DATA)?.map_or(end, |d| d.min(end));
+            holes.push((hole, data));
+            at = data;
+        }
+        Ok(holes)
+    }
+
     /// Reads into `buf`, through an aligned bounce buffer if direct I/O needs one.
     fn read_into(file: &File, direct: bool, offset: u64, buf: &mut [u8]) -> Result<()> {
         if direct && !is_io_aligned(buf.as_ptr()) {
@@ -203,6 +270,39 @@ impl BorrowedSlice {
 }
 
 /// Opens `path` read-write, optionally creating it and requesting O_DIRECT.
+/// `lseek(fd, from, whence)` for `SEEK_HOLE`/`SEEK_DATA`: the offset found,
+/// or `None` past the last data (`ENXIO`).
+fn seek(fd: i32, from: u64, whence: i32) -> Result<Option<u64>> {
+    let from =
+        i64::try_from(from).map_err(|_| FlashError::OutOfRange(format!("seek to {from}")))?;
+    // SAFETY: plain syscall on a valid descriptor; no memory is passed.
+    let at = unsafe { libc::lseek(fd, from, whence) };
+    if at >= 0 {
+        return Ok(Some(at as u64));
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENXIO) {
+        Ok(None)
+    } else {
+        Err(err.into())
+    }
+}
+
+/// Bytes an unprivileged writer may still allocate on `fd`'s file system.
+fn free_bytes(fd: i32) -> Result<u64> {
+    // SAFETY: `fstatvfs` fills the zeroed struct it is given; the pointer is
+    // valid for the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; a valid descriptor and a valid out-pointer.
+    if unsafe { libc::fstatvfs(fd, &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // The field types are narrower than u64 on some targets.
+    #[allow(clippy::useless_conversion)]
+    let (blocks, size) = (u64::from(st.f_bavail), u64::from(st.f_frsize));
+    Ok(blocks.saturating_mul(size))
+}
+
 fn open_file(path: &Path, create: bool, direct: bool) -> std::io::Result<File> {
     let mut opts = OpenOptions::new();
     opts.read(true).write(true).create(create);
@@ -650,6 +750,51 @@ mod tests {
         assert!(hole.iter().all(|&x| x == 0) || hole == &pattern(4 * p, 3)[p..3 * p]);
         assert_ne!(back[3 * p..], vec![0u8; p][..]);
         assert_eq!(dev.counters().pages_trimmed, 2);
+    }
+
+    #[test]
+    fn fill_holes_allocates_every_block_and_keeps_data() {
+        let (_dir, dev) = open_temp(4 << 20);
+        let p = PS as usize;
+        dev.write_at(3 * PS as u64, &pattern(2 * p, 9)).unwrap();
+        let blocks = |dev: &FileDevice| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(dev.path())
+                .map(|m| m.blocks() * 512)
+                .unwrap()
+        };
+        let before = blocks(&dev);
+        let filled = dev.fill_holes().unwrap();
+        if before >= 4 << 20 {
+            return; // this file system does not make sparse files
+        }
+        assert_eq!(
+            filled,
+            (4 << 20) - 2 * PS as u64,
+            "every hole, and only the holes"
+        );
+        assert!(blocks(&dev) >= 4 << 20, "all blocks allocated");
+        let mut back = vec![0u8; 6 * p];
+        dev.read_at(0, &mut back).unwrap();
+        assert_eq!(back[3 * p..5 * p], pattern(2 * p, 9)[..], "data untouched");
+        assert!(back[..3 * p].iter().chain(&back[5 * p..]).all(|&b| b == 0));
+        assert_eq!(dev.fill_holes().unwrap(), 0, "nothing left to fill");
+    }
+
+    #[test]
+    fn fill_holes_refuses_when_the_file_system_lacks_the_space() {
+        let (dir, dev) = open_temp(1 << 20);
+        let free = free_bytes(dev.file.as_raw_fd()).unwrap();
+        drop(dev);
+        let cap = (free + (1 << 30)) / u64::from(PS) * u64::from(PS);
+        let dev = FileDevice::open(&dir.path().join("dev"), Some(cap), PS).unwrap();
+        match dev.fill_holes() {
+            Err(FlashError::Io(e)) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::StorageFull, "{e}");
+                assert!(e.to_string().contains("free"), "{e}");
+            }
+            other => panic!("expected a clear out-of-space error, got {other:?}"),
+        }
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// does. Read workloads always fill an empty store first.
     #[arg(long)]
     prefill: bool,
+    /// Allocate the device file's every block first and keep them, with lazy
+    /// GC (as `lightstore node --preallocate`).
+    #[arg(long)]
+    preallocate: bool,
 }
 
 /// Sizes like `4096`, `64K`, `512M`, `8G` (shared with `lightstore node`).
@@ -133,8 +137,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let dev = FileDevice::open(&dev_path, Some(capacity), DEFAULT_PAGE_SIZE)
         .map_err(|e| format!("{}: {e}", dev_path.display()))?;
     let direct_io = dev.direct_io();
+    if args.preallocate {
+        dev.set_punch_holes(false);
+        dev.fill_holes()
+            .map_err(|e| format!("{}: preallocate: {e}", dev_path.display()))?;
+    }
     let mut opts = Options {
         durability,
+        lazy_gc: args.preallocate,
         ..Options::default()
     };
     if let Some(c) = args.cache_size {
@@ -189,6 +199,7 @@ impl BenchArgs {
             json: self.json,
             seed: self.seed,
             prefill: false,
+            preallocate: self.preallocate,
         }
     }
 }

@@ -56,6 +56,11 @@ pub struct NodeArgs {
     /// does not get the space back.
     #[arg(long)]
     keep_file_blocks: bool,
+    /// Allocate the device file's every block at start (fill its holes with zeros,
+    /// never touching data) and keep them: no write allocates, and GC waits while
+    /// over half the device is free. Takes seconds per GiB and the file's full size.
+    #[arg(long)]
+    preallocate: bool,
 }
 
 /// Builds the configuration and runs the node until it stops.
@@ -102,6 +107,9 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if args.keep_file_blocks {
         c.keep_file_blocks = true;
+    }
+    if args.preallocate {
+        c.preallocate = true;
     }
     server::run(c)?;
     Ok(())

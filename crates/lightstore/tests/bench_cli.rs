@@ -100,3 +100,18 @@ fn batched_requests_write_and_read_every_key() {
         assert!(r["gets"].as_u64().unwrap_or(0) > 0);
     }
 }
+
+#[test]
+fn preallocate_allocates_the_device_file_first() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = bench(dir.path(), "r-set", &["--preallocate"]);
+    assert_eq!(r["ops"].as_u64(), Some(3000));
+    let allocated = std::fs::metadata(dir.path().join("lightstore.dev"))
+        .map(|m| m.blocks() * 512)
+        .expect("device file");
+    assert!(
+        allocated >= 256 << 20,
+        "{allocated} bytes allocated of 256 MiB"
+    );
+}

@@ -158,3 +158,30 @@ fn full_device_answers_nospace_and_keeps_serving_reads() {
     assert_eq!(call(&mut c, &[b"DEL", b"full:0001"]), Resp::Int(1));
     assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
 }
+
+#[test]
+fn preallocate_allocates_the_whole_device_file_and_keeps_data() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let flags = ["--preallocate", "--capacity", "64M"];
+    let mut n = Node::start_in(tmp.path(), &flags).expect("start");
+    let dev = tmp.path().join("lightstore.dev");
+    let allocated = || std::fs::metadata(&dev).map(|m| m.blocks() * 512).unwrap();
+    assert!(
+        allocated() >= 64 << 20,
+        "device file has {} of 64 MiB allocated",
+        allocated()
+    );
+    assert!(n.log_text().contains("preallocated the device file"));
+    for i in 0..200 {
+        assert_eq!(n.cli(&["set", &format!("k{i}"), &"v".repeat(3000)]), "OK");
+    }
+    n.terminate();
+    assert_eq!(n.wait_exit(Duration::from_secs(30)), Some(0));
+    drop(n);
+    // A second start finds no holes to fill and leaves the data alone.
+    let n = Node::start_in(tmp.path(), &flags).expect("restart");
+    assert!(!n.log_text().contains("preallocated"), "{}", n.log_text());
+    assert_eq!(n.cli(&["get", "k199"]), "v".repeat(3000));
+    assert_eq!(n.cli(&["strlen", "k0"]), "3000");
+}

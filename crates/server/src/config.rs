@@ -102,6 +102,13 @@ pub struct Config {
     /// system but stalls the file's direct I/O and makes later synced
     /// writes there slower). Off by default.
     pub keep_file_blocks: bool,
+    /// Allocate every block of the device file at start (its holes are
+    /// filled with zeros; data is never touched) and keep them allocated,
+    /// so no write has to allocate, and let GC wait while more than half
+    /// the device is free. Costs one write of the file's unallocated part
+    /// (seconds per GiB) and its full size on the file system. Off by
+    /// default.
+    pub preallocate: bool,
 }
 
 /// Name of the device file inside the data directory.
@@ -126,6 +133,7 @@ impl Default for Config {
             metrics_listen: None,
             slowlog_ms: None,
             keep_file_blocks: false,
+            preallocate: false,
         }
     }
 }
@@ -222,7 +230,7 @@ mod tests {
         let c = Config::from_toml(
             "data_dir = \"/tmp/x\"\ncapacity = \"1G\"\ncache_size = 1048576\nthreads = 4\n\
              metrics_listen = \"127.0.0.1:9100\"\nslowlog_ms = 25\n\
-             keep_file_blocks = true\n",
+             keep_file_blocks = true\npreallocate = true\n",
         )
         .unwrap();
         assert_eq!(c.capacity, Size(1 << 30));
@@ -234,6 +242,8 @@ mod tests {
         assert_eq!(c.slowlog_ms, Some(25));
         assert!(c.keep_file_blocks);
         assert!(!Config::default().keep_file_blocks);
+        assert!(c.preallocate);
+        assert!(!Config::default().preallocate);
         assert_eq!(Config::default().metrics_listen, None);
         assert!(c.validate().is_ok());
         assert!(Config::from_toml("bogus = 1").is_err());

@@ -23,6 +23,14 @@ pub enum ServerError {
         /// Underlying error.
         source: std::io::Error,
     },
+    /// `preallocate` could not allocate the device file's blocks.
+    #[error("cannot preallocate the device file {}: {source}", path.display())]
+    Preallocate {
+        /// The device file.
+        path: PathBuf,
+        /// Underlying error (for example too little free space).
+        source: flash::FlashError,
+    },
     /// A listening address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

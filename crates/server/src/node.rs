@@ -43,9 +43,28 @@ fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
         },
         other => ServerError::Engine(other.into()),
     })?;
-    device.set_punch_holes(!config.keep_file_blocks);
+    device.set_punch_holes(!(config.keep_file_blocks || config.preallocate));
+    if config.preallocate {
+        let started = std::time::Instant::now();
+        let filled = device
+            .fill_holes()
+            .map_err(|source| ServerError::Preallocate {
+                path: config.device_path(),
+                source,
+            })?;
+        if filled > 0 {
+            eprintln!(
+                "lightstore node: preallocated the device file {}: {} MiB filled in {:.1} s",
+                config.device_path().display(),
+                filled >> 20,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
     let mut opts = engine::Options {
         durability: config.durability()?,
+        // Every block is allocated: GC may wait until space is needed.
+        lazy_gc: config.preallocate,
         ..engine::Options::default()
     };
     if let Some(cache) = config.cache_size {
