@@ -188,14 +188,7 @@ impl Db {
     /// Applies all operations atomically: after a crash either all or none
     /// are visible.
     pub fn write_batch(&self, ops: &[BatchOp]) -> Result<()> {
-        let recs: Vec<(u8, &[u8], &[u8])> = ops
-            .iter()
-            .map(|op| match op {
-                BatchOp::Put(k, v) => (KIND_PUT, &k[..], &v[..]),
-                BatchOp::Delete(k) => (KIND_DELETE, &k[..], &[][..]),
-            })
-            .collect();
-        self.inner.write(&recs)
+        self.inner.write(&batch_records(ops))
     }
 
     /// Applies `ops` atomically like [`Db::write_batch`], but only if that
@@ -207,14 +200,7 @@ impl Db {
     /// a thread that may wait. The only other wait is the log lock, held
     /// briefly by other appends. An error also means nothing was written.
     pub fn try_write_batch(&self, ops: &[BatchOp]) -> Result<bool> {
-        let recs: Vec<(u8, &[u8], &[u8])> = ops
-            .iter()
-            .map(|op| match op {
-                BatchOp::Put(k, v) => (KIND_PUT, &k[..], &v[..]),
-                BatchOp::Delete(k) => (KIND_DELETE, &k[..], &[][..]),
-            })
-            .collect();
-        self.inner.write_with(&recs, Wait::Never)
+        self.inner.write_with(&batch_records(ops), Wait::Never)
     }
 
     /// The current value of `key`.
@@ -331,6 +317,16 @@ impl Drop for Db {
     }
 }
 
+/// A batch's operations as `(kind, key, value)` log records.
+fn batch_records(ops: &[BatchOp]) -> Vec<(u8, &[u8], &[u8])> {
+    ops.iter()
+        .map(|op| match op {
+            BatchOp::Put(k, v) => (KIND_PUT, &k[..], &v[..]),
+            BatchOp::Delete(k) => (KIND_DELETE, &k[..], &[][..]),
+        })
+        .collect()
+}
+
 impl DbInner {
     fn check_sizes(&self, key: &[u8], value: &[u8]) -> Result<()> {
         if key.is_empty() || key.len() > self.opts.max_key_size {
@@ -367,10 +363,11 @@ impl DbInner {
             self.check_sizes(k, v)?;
             user_bytes += (k.len() + v.len()) as u64;
         }
-        if wait == Wait::Never && self.write_would_wait(user_bytes) {
-            return Ok(false);
+        match wait {
+            Wait::Allowed => self.throttle(),
+            Wait::Never if self.write_would_wait(user_bytes) => return Ok(false),
+            Wait::Never => {}
         }
-        self.throttle();
         let recs: Vec<LogRecord<'_>> = ops
             .iter()
             .map(|(kind, k, v)| LogRecord {
