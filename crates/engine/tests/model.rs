@@ -72,7 +72,11 @@ fn check_scan(db: &Db, snap: Option<&Snapshot>, model: &Model, rng: &mut SmallRn
 
 fn run(seed: u64, ops: usize, device: &dyn Fn() -> Arc<dyn Device>) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let opts = small_opts();
+    // Odd seeds run with lazy GC (it keeps more garbage while space is roomy).
+    let opts = engine::Options {
+        lazy_gc: seed % 2 == 1,
+        ..small_opts()
+    };
     let open = || Db::open(device(), opts.clone()).expect("open");
     let mut db = open();
     let mut model = Model::new();
@@ -209,8 +213,14 @@ fn model_seeds_on_file_device() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("dev");
         // Every reopen opens the file afresh (the previous handle is closed).
+        // Odd seeds preallocate it, as `lightstore node --preallocate` does.
         run(seed, 3000, &|| {
-            FileDevice::open(&path, Some(24 << 20), 4096).expect("file device") as Arc<dyn Device>
+            let dev = FileDevice::open(&path, Some(24 << 20), 4096).expect("file device");
+            if seed % 2 == 1 {
+                dev.set_punch_holes(false);
+                dev.fill_holes().expect("fill holes");
+            }
+            dev as Arc<dyn Device>
         });
     }
 }
