@@ -828,4 +828,37 @@ mod tests {
         let stats = stats.expect("stats waited for the maintenance lock");
         assert!(stats.user_bytes_written > 0);
     }
+
+    /// A flush that failed after freezing the memtable (out of space, say)
+    /// leaves it as `imm`; the next flush must write that one rather than
+    /// freeze again, which would drop its entries from the read path.
+    #[test]
+    fn a_flush_after_a_failed_one_keeps_the_frozen_entries() {
+        let dev = NandDevice::new(NandConfig {
+            page_size: 4096,
+            capacity: 16 << 20,
+            loss: LossMode::AllUnsynced,
+            ..NandConfig::default()
+        });
+        let db = Db::open(dev, Options::small_for_tests()).expect("open");
+        db.put(b"frozen", b"1").expect("put");
+        {
+            // What a flush does before it can fail.
+            let mut st = db.inner.maint.lock();
+            db.inner.freeze_memtable(&mut st);
+        }
+        assert_eq!(db.get(b"frozen").unwrap().as_deref(), Some(&b"1"[..]));
+        db.put(b"active", b"2").expect("put");
+        db.flush().expect("flush");
+        assert_eq!(db.get(b"frozen").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(db.get(b"active").unwrap().as_deref(), Some(&b"2"[..]));
+        db.flush().expect("flush");
+        let sv = db.inner.sv.read().clone();
+        assert!(
+            sv.imm.is_none() && sv.mem.is_empty(),
+            "both memtables flushed"
+        );
+        assert_eq!(db.get(b"frozen").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(db.get(b"active").unwrap().as_deref(), Some(&b"2"[..]));
+    }
 }

@@ -18,6 +18,7 @@ use crate::memtable::Memtable;
 use crate::stats::Counters;
 use crate::types::{Entry, Kind, SeqNo};
 use crate::version::{Keytable, SegmentRef, Version};
+use crate::vlog::LogPosition;
 
 /// Flash segment kind tag for keytable segments.
 pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
@@ -104,19 +105,17 @@ impl DbInner {
 
     /// Freezes the memtable, writes it (merged with overlapping L1
     /// keytables) as new L1 keytables, installs them and checkpoints.
+    ///
+    /// If an earlier flush failed after freezing (out of space, say), its
+    /// frozen memtable is still the read path's `imm`: this flush writes
+    /// that one and leaves the active memtable for the next. Freezing again
+    /// would replace `imm` and hide its entries from reads until a restart.
     pub(crate) fn flush_locked(&self, st: &mut MaintState, keep_free: u32) -> Result<()> {
         st.kt_keep_free = keep_free;
-        let (pos, seq) = self.vlog.with_position(|pos, seq| {
-            let mut sv = self.sv.write();
-            let next = SuperVersion {
-                mem: Arc::new(Memtable::new()),
-                imm: Some(sv.mem.clone()),
-                version: sv.version.clone(),
-            };
-            *sv = Arc::new(next);
-            (pos, seq)
-        });
-        st.imm_replay = Some((pos, seq));
+        let (pos, seq) = match st.imm_replay {
+            Some(frozen) if self.sv.read().imm.is_some() => frozen,
+            _ => self.freeze_memtable(st),
+        };
         // Values the new keytables point to must be durable before a
         // checkpoint references those keytables.
         self.vlog.sync_all()?;
@@ -156,6 +155,23 @@ impl DbInner {
         self.checkpoint(st)?;
         self.flushed_cv.notify_all();
         Ok(())
+    }
+
+    /// Makes the active memtable the frozen `imm` (with a fresh active one)
+    /// and returns the log position and sequence number it covers up to.
+    pub(crate) fn freeze_memtable(&self, st: &mut MaintState) -> (LogPosition, SeqNo) {
+        let (pos, seq) = self.vlog.with_position(|pos, seq| {
+            let mut sv = self.sv.write();
+            let next = SuperVersion {
+                mem: Arc::new(Memtable::new()),
+                imm: Some(sv.mem.clone()),
+                version: sv.version.clone(),
+            };
+            *sv = Arc::new(next);
+            (pos, seq)
+        });
+        st.imm_replay = Some((pos, seq));
+        (pos, seq)
     }
 
     /// Compacts one keytable of the first level over its size target into
