@@ -7,6 +7,11 @@
 //! split into stripes written in parallel by a small [`IoPool`]. Batched
 //! reads ([`Device::read_many`]) go through the calling thread's io_uring
 //! ring (see `uring`), or the pool where io_uring is unavailable.
+//!
+//! A regular file is created sparse. TRIM punches holes in it unless told to
+//! keep the blocks ([`FileDevice::set_punch_holes`]), and
+//! [`FileDevice::fill_holes`] allocates every block up front, so that no later
+//! write has to allocate.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
