@@ -151,11 +151,6 @@ impl FileDevice {
         self.punch_holes.store(punch, Ordering::Relaxed);
     }
 
-    /// True for a raw block device (no file system allocates its blocks).
-    pub fn is_block_device(&self) -> bool {
-        self.block_device
-    }
-
     /// Writes zeros into every hole of a regular device file, so that the
     /// file system has allocated all its blocks and no later write has to
     /// (on ext4 a direct write that allocates takes the inode lock
@@ -169,10 +164,9 @@ impl FileDevice {
         if self.block_device {
             return Ok(0);
         }
-        let fd = self.file.as_raw_fd();
         let holes = self.holes()?;
         let needed: u64 = holes.iter().map(|(start, end)| end - start).sum();
-        let free = free_bytes(fd)?;
+        let free = free_bytes(self.file.as_raw_fd())?;
         if needed > free {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::StorageFull,
@@ -192,11 +186,10 @@ impl FileDevice {
                 off += n as u64;
             }
         }
-        let filled = needed;
-        if filled > 0 {
+        if needed > 0 {
             self.file.sync_data()?;
         }
-        Ok(filled)
+        Ok(needed)
     }
 
     /// The holes of the device file below its capacity, as `[start, end)`.
@@ -274,7 +267,6 @@ impl BorrowedSlice {
     }
 }
 
-/// Opens `path` read-write, optionally creating it and requesting O_DIRECT.
 /// `lseek(fd, from, whence)` for `SEEK_HOLE`/`SEEK_DATA`: the offset found,
 /// or `None` past the last data (`ENXIO`).
 fn seek(fd: i32, from: u64, whence: i32) -> Result<Option<u64>> {
@@ -308,6 +300,7 @@ fn free_bytes(fd: i32) -> Result<u64> {
     Ok(blocks.saturating_mul(size))
 }
 
+/// Opens `path` read-write, optionally creating it and requesting O_DIRECT.
 fn open_file(path: &Path, create: bool, direct: bool) -> std::io::Result<File> {
     let mut opts = OpenOptions::new();
     opts.read(true).write(true).create(create);
@@ -598,6 +591,14 @@ mod tests {
         (dir, dev)
     }
 
+    /// Bytes the file system has allocated to the device file.
+    fn allocated_bytes(dev: &FileDevice) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(dev.path())
+            .map(|m| m.blocks() * 512)
+            .unwrap()
+    }
+
     #[test]
     fn write_read_roundtrip() {
         let (_dir, dev) = open_temp(1 << 20);
@@ -762,13 +763,7 @@ mod tests {
         let (_dir, dev) = open_temp(4 << 20);
         let p = PS as usize;
         dev.write_at(3 * PS as u64, &pattern(2 * p, 9)).unwrap();
-        let blocks = |dev: &FileDevice| {
-            use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(dev.path())
-                .map(|m| m.blocks() * 512)
-                .unwrap()
-        };
-        let before = blocks(&dev);
+        let before = allocated_bytes(&dev);
         let filled = dev.fill_holes().unwrap();
         if before >= 4 << 20 {
             return; // this file system does not make sparse files
@@ -778,7 +773,7 @@ mod tests {
             (4 << 20) - 2 * PS as u64,
             "every hole, and only the holes"
         );
-        assert!(blocks(&dev) >= 4 << 20, "all blocks allocated");
+        assert!(allocated_bytes(&dev) >= 4 << 20, "all blocks allocated");
         let mut back = vec![0u8; 6 * p];
         dev.read_at(0, &mut back).unwrap();
         assert_eq!(back[3 * p..5 * p], pattern(2 * p, 9)[..], "data untouched");
@@ -808,19 +803,9 @@ mod tests {
         dev.set_punch_holes(false);
         let p = PS as usize;
         dev.write_at(0, &pattern(4 * p, 5)).unwrap();
-        let allocated = |dev: &FileDevice| {
-            std::fs::metadata(dev.path()).map(|m| {
-                use std::os::unix::fs::MetadataExt;
-                m.blocks()
-            })
-        };
-        let before = allocated(&dev).unwrap();
+        let before = allocated_bytes(&dev);
         dev.trim(PS as u64, 2 * PS as u64).unwrap();
-        assert_eq!(
-            allocated(&dev).unwrap(),
-            before,
-            "no blocks were given back"
-        );
+        assert_eq!(allocated_bytes(&dev), before, "no blocks were given back");
         let mut back = vec![0u8; 4 * p];
         dev.read_at(0, &mut back).unwrap();
         assert_eq!(
