@@ -28,6 +28,9 @@ use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 /// writers start writing them themselves.
 const MAX_LOG_BACKLOG: usize = 8;
 
+/// Flush debt (see `flush_debt`) from which writers are slowed down.
+const SLOW_DOWN_DEBT: f64 = 1.0;
+
 /// Values a range scan reads from the device in one parallel batch.
 const SCAN_READ_BATCH: usize = 256;
 /// How long a write out of space waits for GC to free a segment before it
@@ -432,8 +435,8 @@ impl DbInner {
         let chunks = 1 + bytes as usize / self.opts.log_chunk_bytes.max(1);
         self.opts.durability == Durability::Sync
             || !self.opts.background
-            || self.free_hint.load(Ordering::Relaxed) <= self.opts.reserved_segments + 2
-            || self.flush_debt() >= 1.0
+            || self.free_hint_low()
+            || self.flush_debt() >= SLOW_DOWN_DEBT
             || self.vlog.backlog() + chunks >= MAX_LOG_BACKLOG
     }
 
@@ -489,7 +492,7 @@ impl DbInner {
 
     /// How far behind flushing is: the active memtable's fill (by keys or
     /// by log bytes), plus one half while a frozen one is still being
-    /// written. 1.0 is where writers start to be slowed down.
+    /// written. [`SLOW_DOWN_DEBT`] is where writers start to be slowed down.
     fn flush_debt(&self) -> f64 {
         let sv = self.sv.read();
         let by_keys = sv.mem.bytes() as f64 / self.opts.memtable_bytes as f64;
@@ -522,6 +525,18 @@ impl DbInner {
         }
     }
 
+    /// Whether `free` segments is low: writes then yield time to GC, and GC
+    /// accepts smaller gains.
+    pub(crate) fn low_on_free(&self, free: u32) -> bool {
+        free <= self.opts.reserved_segments + 2
+    }
+
+    /// [`Self::low_on_free`] for the free count maintenance last saw (cheap
+    /// to read per write).
+    fn free_hint_low(&self) -> bool {
+        self.low_on_free(self.free_hint.load(Ordering::Relaxed))
+    }
+
     /// The live fraction below which GC cleans a segment when space is low.
     pub(crate) fn low_space_gc_threshold(&self) -> f64 {
         self.opts.gc_live_threshold.max(0.75)
@@ -536,18 +551,18 @@ impl DbInner {
         if !self.opts.background {
             return;
         }
-        if self.free_hint.load(Ordering::Relaxed) <= self.opts.reserved_segments + 2 {
+        if self.free_hint_low() {
             self.wake();
             std::thread::sleep(Duration::from_micros(500));
             Counters::add(&self.counters.write_throttle_micros, 500);
         }
         let debt = self.flush_debt();
-        if debt < 1.0 {
+        if debt < SLOW_DOWN_DEBT {
             return;
         }
         self.wake();
         if debt < 2.5 {
-            let micros = ((debt - 1.0) * 1000.0) as u64;
+            let micros = ((debt - SLOW_DOWN_DEBT) * 1000.0) as u64;
             std::thread::sleep(Duration::from_micros(micros));
             Counters::add(&self.counters.write_throttle_micros, micros);
             return;
@@ -802,17 +817,22 @@ mod tests {
     use super::*;
     use flash::{LossMode, NandConfig, NandDevice};
 
-    /// Stats (INFO, /metrics) must not wait for background maintenance,
-    /// which holds its lock through whole flush, GC and compaction rounds.
-    #[test]
-    fn stats_do_not_wait_for_the_maintenance_lock() {
+    /// A store with the test options on a 16 MiB emulated NAND device.
+    fn small_db() -> Db {
         let dev = NandDevice::new(NandConfig {
             page_size: 4096,
             capacity: 16 << 20,
             loss: LossMode::AllUnsynced,
             ..NandConfig::default()
         });
-        let db = Arc::new(Db::open(dev, Options::small_for_tests()).expect("open"));
+        Db::open(dev, Options::small_for_tests()).expect("open")
+    }
+
+    /// Stats (INFO, /metrics) must not wait for background maintenance,
+    /// which holds its lock through whole flush, GC and compaction rounds.
+    #[test]
+    fn stats_do_not_wait_for_the_maintenance_lock() {
+        let db = Arc::new(small_db());
         db.put(b"k", b"v").expect("put");
         let held = db.inner.maint.lock();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -834,13 +854,7 @@ mod tests {
     /// freeze again, which would drop its entries from the read path.
     #[test]
     fn a_flush_after_a_failed_one_keeps_the_frozen_entries() {
-        let dev = NandDevice::new(NandConfig {
-            page_size: 4096,
-            capacity: 16 << 20,
-            loss: LossMode::AllUnsynced,
-            ..NandConfig::default()
-        });
-        let db = Db::open(dev, Options::small_for_tests()).expect("open");
+        let db = small_db();
         db.put(b"frozen", b"1").expect("put");
         {
             // What a flush does before it can fail.

@@ -95,7 +95,7 @@ impl DbInner {
     pub(crate) fn space_low(&self) -> bool {
         let free = self.flash.free_segments();
         self.free_hint.store(free, Ordering::Relaxed);
-        free <= self.opts.reserved_segments + 2
+        self.low_on_free(free)
     }
 
     pub(crate) fn flush_now(&self) -> Result<()> {
