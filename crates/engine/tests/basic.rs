@@ -2,9 +2,11 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::*;
-use engine::flash::LossMode;
-use engine::{BatchOp, Error};
+use engine::flash::{LossMode, NandDevice};
+use engine::{BatchOp, Db, Error};
 
 #[test]
 fn put_get_delete_scan_across_flushes_and_reopen() {
@@ -205,17 +207,24 @@ fn values_of_64_mib_on_a_file_device() {
     ));
 }
 
+/// A store holding keys `0..n` with `len`-byte values (version 1), reopened
+/// so that reads come from the device.
+fn reopened_with_values(n: u32, len: usize) -> (Arc<NandDevice>, Db) {
+    let dev = nand(64, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    for i in 0..n {
+        db.put(&key(i), &value_for(i, 1, len)).expect("put");
+    }
+    let db = reopened(&dev, db, &small_opts());
+    (dev, db)
+}
+
 /// A multi-get reads each value's record and no more: its 512-byte-aligned
 /// extent, not the 4 KiB-rounded buffer it lands in.
 #[test]
 fn multi_get_reads_only_the_records() {
-    let dev = nand(64, LossMode::AllUnsynced);
-    let db = open(&dev, &small_opts());
     let len = 8192;
-    for i in 0..64u32 {
-        db.put(&key(i), &value_for(i, 1, len)).expect("put");
-    }
-    let db = reopened(&dev, db, &small_opts());
+    let (dev, db) = reopened_with_values(64, len);
     let wanted: Vec<Vec<u8>> = (0..64u32).step_by(8).map(key).collect();
     let keys: Vec<&[u8]> = wanted.iter().map(|k| &k[..]).collect();
     let (got, reads) = reads_during(&dev, || db.multi_get(&keys).expect("multi_get"));
@@ -279,13 +288,8 @@ fn large_values_are_read_as_exactly_their_blocks() {
 /// values, not one read per value.
 #[test]
 fn scans_of_large_values_merge_their_reads() {
-    let dev = nand(64, LossMode::AllUnsynced);
-    let db = open(&dev, &small_opts());
     let len = 8192;
-    for i in 0..24u32 {
-        db.put(&key(i), &value_for(i, 1, len)).expect("put");
-    }
-    let db = reopened(&dev, db, &small_opts());
+    let (dev, db) = reopened_with_values(24, len);
     let (got, reads) = reads_during(&dev, || db.scan(&key(0), b"", 100).expect("scan"));
     let reads = reads.ops;
     assert_eq!(got.len(), 24);
