@@ -217,8 +217,7 @@ fn model_seeds_on_file_device() {
         run(seed, 3000, &|| {
             let dev = FileDevice::open(&path, Some(24 << 20), 4096).expect("file device");
             if seed % 2 == 1 {
-                dev.set_punch_holes(false);
-                dev.fill_holes().expect("fill holes");
+                dev.preallocate().expect("preallocate");
             }
             dev as Arc<dyn Device>
         });

@@ -10,8 +10,8 @@
 //!
 //! A regular file is created sparse. TRIM punches holes in it unless told to
 //! keep the blocks ([`FileDevice::set_punch_holes`]), and
-//! [`FileDevice::fill_holes`] allocates every block up front, so that no later
-//! write has to allocate.
+//! [`FileDevice::preallocate`] allocates every block up front and keeps them,
+//! so that no later write has to allocate.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
@@ -31,7 +31,7 @@ use crate::{IO_ALIGN, READ_ALIGN};
 const STRIPE_BYTES: usize = 1024 * 1024;
 /// Number of I/O threads per device.
 const IO_THREADS: usize = 32;
-/// Zeros written per call while filling holes (see [`FileDevice::fill_holes`]).
+/// Zeros written per call while filling holes (see [`FileDevice::preallocate`]).
 const FILL_CHUNK: usize = 8 << 20;
 /// `BLKDISCARD` = `_IO(0x12, 119)`: discard a byte range of a block device.
 const BLKDISCARD: libc::c_ulong = 0x1277;
@@ -151,16 +151,23 @@ impl FileDevice {
         self.punch_holes.store(punch, Ordering::Relaxed);
     }
 
-    /// Writes zeros into every hole of a regular device file, so that the
-    /// file system has allocated all its blocks and no later write has to
-    /// (on ext4 a direct write that allocates takes the inode lock
-    /// exclusively, and a synced one also commits the allocation). Data
-    /// already written is not touched: only holes, which read as zeros
-    /// anyway, are filled, so this is safe on a store in use. Returns the
-    /// bytes written (0 for a block device or a file without holes). Call it
-    /// before the device is used; together with `set_punch_holes(false)`
-    /// the file then stays fully allocated.
-    pub fn fill_holes(&self) -> Result<u64> {
+    /// Makes a regular device file fully allocated and keeps it so: TRIM
+    /// stops punching holes ([`Self::set_punch_holes`]) and every hole is
+    /// filled with zeros, so no later write has to allocate (on ext4 a
+    /// direct write that allocates takes the inode lock exclusively, and a
+    /// synced one also commits the allocation). Data already written is not
+    /// touched: only holes, which read as zeros anyway, are filled, so this
+    /// is safe on a store in use. Refuses, writing nothing, when the file
+    /// system lacks the space. Returns the bytes written (0 for a block
+    /// device or a file without holes). Call it before the device is used.
+    pub fn preallocate(&self) -> Result<u64> {
+        self.set_punch_holes(false);
+        self.fill_holes()
+    }
+
+    /// Writes zeros into every hole of a regular device file (see
+    /// [`Self::preallocate`]); the bytes written.
+    fn fill_holes(&self) -> Result<u64> {
         if self.block_device {
             return Ok(0);
         }

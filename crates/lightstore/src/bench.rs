@@ -138,8 +138,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", dev_path.display()))?;
     let direct_io = dev.direct_io();
     if args.preallocate {
-        dev.set_punch_holes(false);
-        dev.fill_holes()
+        dev.preallocate()
             .map_err(|e| format!("{}: preallocate: {e}", dev_path.display()))?;
     }
     let mut opts = Options {

@@ -8,7 +8,8 @@
 //! on device reads and group-commit syncs; the engine has its own background
 //! threads. One exception: a lone plain SET that the engine can take without
 //! waiting (not `sync` durability, no write throttling) is written on the
-//! network thread, saving the two thread hand-offs that dominate its cost. A connection parses every complete request it has (pipelining),
+//! network thread, saving the two thread hand-offs that dominate its cost.
+//! A connection parses every complete request it has (pipelining),
 //! hands them to the pool as one job, writes all replies and only then reads
 //! again.
 #![deny(missing_docs)]

@@ -43,11 +43,11 @@ fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
         },
         other => ServerError::Engine(other.into()),
     })?;
-    device.set_punch_holes(!(config.keep_file_blocks || config.preallocate));
+    device.set_punch_holes(!config.keep_file_blocks);
     if config.preallocate {
         let started = std::time::Instant::now();
         let filled = device
-            .fill_holes()
+            .preallocate()
             .map_err(|source| ServerError::Preallocate {
                 path: config.device_path(),
                 source,
