@@ -33,6 +33,9 @@ const SLOW_DOWN_DEBT: f64 = 1.0;
 
 /// Values a range scan reads from the device in one parallel batch.
 const SCAN_READ_BATCH: usize = 256;
+/// How often background threads retry writes that found the host file
+/// system full.
+pub(crate) const HOST_FULL_RETRY: Duration = Duration::from_millis(200);
 /// How long a write out of space waits for GC to free a segment before it
 /// fails with `NoSpace`.
 const NOSPACE_WAIT: Duration = Duration::from_secs(5);
@@ -105,6 +108,11 @@ pub(crate) struct DbInner {
     pub(crate) flushed_cv: Condvar,
     pub(crate) shutdown: AtomicBool,
     pub(crate) bg_error: Mutex<Option<String>>,
+    /// Set when the checkpoint that opening writes (recording the new log
+    /// and boot number) failed for want of host space: until maintenance
+    /// writes it, writes are refused, since a crash would lose the way to
+    /// this run's log.
+    pub(crate) boot_checkpoint: Mutex<Option<String>>,
     /// Free segments as last seen by maintenance (cheap to read per write).
     pub(crate) free_hint: AtomicU32,
     /// Lifetime byte counters as of open (from the manifest), to which this
@@ -288,10 +296,33 @@ impl Db {
 
     /// Stops background threads, flushes the memtable and writes a final
     /// checkpoint, so the next open has no log to replay.
+    ///
+    /// On a full host file system ([`Error::HostFull`]) the flush is left to
+    /// the next open's log replay. Under `sync` durability that loses
+    /// nothing acknowledged (what waits in memory was refused); otherwise
+    /// acknowledged writes still in memory are lost, and close says so.
     pub fn close(mut self) -> Result<()> {
         self.stop_threads();
-        self.inner.vlog.sync_all()?;
-        self.inner.flush_now()
+        match self.inner.vlog.sync_all() {
+            Err(Error::HostFull(why)) if self.inner.opts.durability == Durability::Sync => {
+                tracing::warn!(error = %why, "close: host full, refused writes left unwritten");
+                return Ok(());
+            }
+            Err(Error::HostFull(why)) => {
+                return Err(Error::Stopped(format!(
+                    "closed with the host file system full: writes acknowledged \
+                     since the last sync are lost ({why})"
+                )))
+            }
+            other => other?,
+        }
+        match self.inner.flush_now() {
+            Err(Error::HostFull(why)) => {
+                tracing::warn!(error = %why, "close: the final flush does not fit, the next open replays the log");
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     fn stop_threads(&mut self) {
@@ -361,6 +392,9 @@ impl DbInner {
         if let Some(e) = self.bg_error.lock().clone() {
             return Err(Error::Stopped(e));
         }
+        if let Some(why) = self.boot_checkpoint.lock().clone() {
+            return Err(Error::HostFull(why));
+        }
         let mut user_bytes = 0u64;
         for (_, k, v) in ops {
             self.check_sizes(k, v)?;
@@ -420,7 +454,13 @@ impl DbInner {
             // the durability needs no sync.
             return Ok(true);
         }
-        self.write_behind()?;
+        match self.write_behind() {
+            // The records are appended, and under `interval` durability
+            // that is the promise: the write-behind thread writes them
+            // once the host has room again (appends stop meanwhile).
+            Err(Error::HostFull(_)) if self.opts.durability != Durability::Sync => {}
+            other => other?,
+        }
         if self.opts.durability == Durability::Sync {
             self.vlog.sync_to(lsn)?;
         }
@@ -476,10 +516,15 @@ impl DbInner {
     fn log_writer_loop(&self) {
         while !self.shutdown.load(Ordering::Acquire) {
             self.vlog.wait_for_chunks(Duration::from_millis(20));
-            if let Err(e) = self.vlog.write_pending(true) {
-                tracing::error!(error = %e, "value log write failed");
-                *self.bg_error.lock() = Some(e.to_string());
-                return;
+            match self.vlog.write_pending(true) {
+                Ok(()) => {}
+                // The log logged it; retry until the host has room again.
+                Err(Error::HostFull(_)) => std::thread::sleep(HOST_FULL_RETRY),
+                Err(e) => {
+                    tracing::error!(error = %e, "value log write failed");
+                    *self.bg_error.lock() = Some(e.to_string());
+                    return;
+                }
             }
         }
     }
@@ -734,11 +779,23 @@ impl DbInner {
 
     fn sync_loop(&self, every: Duration) {
         while !self.shutdown.load(Ordering::Acquire) {
-            std::thread::sleep(every);
-            if let Err(e) = self.vlog.sync_all() {
-                tracing::error!(error = %e, "interval sync failed");
-                *self.bg_error.lock() = Some(e.to_string());
-                return;
+            // Sleep in short steps: a long interval must not hold up close.
+            let due = std::time::Instant::now() + every;
+            while !self.shutdown.load(Ordering::Acquire) {
+                let left = due.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::sleep(left.min(Duration::from_millis(50)));
+            }
+            match self.vlog.sync_all() {
+                // The write-behind thread retries; the next round syncs.
+                Ok(()) | Err(Error::HostFull(_)) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "interval sync failed");
+                    *self.bg_error.lock() = Some(e.to_string());
+                    return;
+                }
             }
         }
     }
@@ -808,6 +865,7 @@ impl DbInner {
             checkpoints: Counters::get(&self.counters.checkpoints),
             erase_count_max: fstats.erase_count_max,
             last_seq: self.visible_seq.load(Ordering::Acquire),
+            host_full: self.vlog.stalled().is_some() || self.boot_checkpoint.lock().is_some(),
         }
     }
 }

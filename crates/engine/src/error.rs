@@ -11,6 +11,13 @@ pub enum Error {
     /// deletes followed by value GC make room again.
     #[error("NOSPACE: the device is full (delete data and let GC reclaim space)")]
     NoSpace,
+    /// The file system holding the device file is full (or over quota).
+    /// Reads keep working and nothing acknowledged is lost; writes fail until
+    /// space is freed there, then resume without a restart. A write that
+    /// failed this way after its records were appended (under `sync`
+    /// durability, waiting for the device) may still become durable then.
+    #[error("NOSPACE: {0} (writes resume by themselves once space is freed there)")]
+    HostFull(String),
     /// A key is empty or longer than the configured maximum.
     #[error("invalid key length {len} (allowed 1..={max} bytes)")]
     KeyTooLarge {
@@ -71,6 +78,7 @@ impl From<FlashError> for Error {
     fn from(e: FlashError) -> Self {
         match e {
             FlashError::NoSpace => Error::NoSpace,
+            e @ FlashError::HostFull(_) => Error::HostFull(e.to_string()),
             FlashError::ChecksumMismatch {
                 what,
                 expected,
@@ -82,6 +90,14 @@ impl From<FlashError> for Error {
             },
             other => Error::Flash(other),
         }
+    }
+}
+
+impl Error {
+    /// True for the errors that mean "out of space" ([`Error::NoSpace`],
+    /// [`Error::HostFull`]): the engine goes on, and retrying later can work.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::NoSpace | Error::HostFull(_))
     }
 }
 

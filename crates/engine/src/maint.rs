@@ -20,6 +20,9 @@ use crate::types::{Entry, Kind, SeqNo};
 use crate::version::{Keytable, SegmentRef, Version};
 use crate::vlog::LogPosition;
 
+/// How often background maintenance repeats its out-of-space warning.
+const NO_SPACE_WARN_EVERY: Duration = Duration::from_secs(10);
+
 /// Flash segment kind tag for keytable segments.
 pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
 
@@ -38,6 +41,7 @@ pub(crate) mod kt_reserve {
 
 impl DbInner {
     pub(crate) fn background_loop(&self) {
+        let mut last_warning: Option<std::time::Instant> = None;
         while !self.shutdown.load(Ordering::Acquire) {
             {
                 let mut w = self.wake.lock();
@@ -50,16 +54,21 @@ impl DbInner {
                 break;
             }
             if let Err(e) = self.maintenance(true) {
-                match e {
-                    Error::NoSpace => tracing::warn!("maintenance: device full"),
-                    other => {
-                        tracing::error!(error = %other, "background maintenance failed");
-                        *self.bg_error.lock() = Some(other.to_string());
-                        self.flushed_cv.notify_all();
-                        return;
-                    }
+                if !e.is_no_space() {
+                    tracing::error!(error = %e, "background maintenance failed");
+                    *self.bg_error.lock() = Some(e.to_string());
+                    self.flushed_cv.notify_all();
+                    return;
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                // Out of space is retried; say so now and then, not per round.
+                if last_warning.is_none_or(|t| t.elapsed() >= NO_SPACE_WARN_EVERY) {
+                    tracing::warn!(error = %e, "maintenance: out of space, retrying");
+                    last_warning = Some(std::time::Instant::now());
+                }
+                std::thread::sleep(match e {
+                    Error::HostFull(_) => crate::db::HOST_FULL_RETRY,
+                    _ => Duration::from_millis(50),
+                });
             }
         }
     }
@@ -67,6 +76,10 @@ impl DbInner {
     /// Flushes, compacts and collects garbage until nothing is due.
     pub(crate) fn maintenance(&self, _background: bool) -> Result<()> {
         let mut st = self.maint.lock();
+        if self.boot_checkpoint.lock().is_some() {
+            // Opening could not write its checkpoint (host full): first of all.
+            self.flush_locked(&mut st, kt_reserve::FLUSH)?;
+        }
         for _ in 0..1000 {
             let mut did = false;
             if self.memtable_full() || (self.space_low() && !self.sv.read().mem.is_empty()) {
@@ -153,6 +166,10 @@ impl DbInner {
         st.gc_ready.extend(ready);
         Counters::add(&self.counters.flushes, 1);
         self.checkpoint(st)?;
+        // The checkpoint records this run's log: writes may go on.
+        if self.boot_checkpoint.lock().take().is_some() {
+            tracing::info!("the checkpoint after open is written; writes accepted");
+        }
         self.flushed_cv.notify_all();
         Ok(())
     }

@@ -213,12 +213,22 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
         flushed_cv: Condvar::new(),
         shutdown: AtomicBool::new(false),
         bg_error: Mutex::new(None),
+        boot_checkpoint: Mutex::new(None),
         free_hint: AtomicU32::new(u32::MAX),
         opts,
     };
     inner.apply_dram_budget();
-    // Persist the recovered tail in keytables and the new boot number.
-    inner.flush_now()?;
+    // Persist the recovered tail in keytables and the new boot number. On a
+    // full host file system the store still opens, for reads: maintenance
+    // retries this, and writes wait for it.
+    match inner.flush_now() {
+        Ok(()) => {}
+        Err(Error::HostFull(why)) => {
+            tracing::warn!(error = %why, "open: cannot write the first checkpoint yet; reads only until there is room");
+            *inner.boot_checkpoint.lock() = Some(why);
+        }
+        Err(e) => return Err(e),
+    }
     Ok(inner)
 }
 

@@ -94,4 +94,7 @@ pub struct Stats {
     pub erase_count_max: u32,
     /// Last sequence number.
     pub last_seq: u64,
+    /// Writes are refused because the host file system holding the device
+    /// file is full; they resume by themselves once space is freed there.
+    pub host_full: bool,
 }

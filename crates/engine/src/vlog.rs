@@ -19,6 +19,10 @@
 //!   or above it are in `pending` chunks or the current buffer, in order.
 //! - `durable_lsn <= written_lsn <= appended_lsn`.
 //! - A batch never spans segments, so it is all-or-nothing after a crash.
+//! - While the log is stalled (a chunk write found the host file system
+//!   full), nothing is appended: the chunks already sealed wait in memory,
+//!   reads are served from them, and the write-behind thread retries until
+//!   they are all written, which ends the stall.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,6 +128,8 @@ struct Inner {
     last_seq: SeqNo,
     next_epoch: u64,
     failed: Option<String>,
+    /// Set while chunk writes fail for want of host space (see the module doc).
+    stalled: Option<String>,
 }
 
 struct SyncState {
@@ -207,6 +213,7 @@ impl ValueLog {
                 last_seq,
                 next_epoch: epoch,
                 failed: None,
+                stalled: None,
             }),
             io: Mutex::new(()),
             sync: Mutex::new(SyncState {
@@ -485,6 +492,9 @@ impl ValueLog {
         if let Some(f) = &inner.failed {
             return Err(Error::Stopped(f.clone()));
         }
+        if let Some(why) = &inner.stalled {
+            return Err(Error::HostFull(why.clone()));
+        }
         // Room the batch needs: its records and their alignment pads plus,
         // at every page boundary it crosses, a page tail too short for a
         // header that gets skipped.
@@ -574,17 +584,38 @@ impl ValueLog {
             }
         };
         loop {
-            let chunk = match self.inner.lock().pending.front() {
-                Some(c) => c.clone(),
-                None => return Ok(()),
+            let chunk = {
+                let mut inner = self.inner.lock();
+                match inner.pending.front() {
+                    Some(c) => c.clone(),
+                    None => {
+                        if inner.stalled.take().is_some() {
+                            tracing::info!("value log: host space available again, writes resume");
+                        }
+                        return Ok(());
+                    }
+                }
             };
             let page_no = (chunk.offset / self.page as u64) as u32;
             if let Err(e) = self
                 .flash
                 .write(chunk.seg, page_no, &chunk.data[..chunk.len])
             {
-                let msg = format!("value log write failed: {e}");
-                self.inner.lock().failed = Some(msg);
+                let mut inner = self.inner.lock();
+                if e.is_host_full() {
+                    // Retryable: the chunk stays pending and appends stop
+                    // until the write-behind thread gets it written.
+                    let msg = e.to_string();
+                    if inner.stalled.is_none() {
+                        tracing::warn!(
+                            error = %msg,
+                            "value log: host file system full, writes refused until space is freed"
+                        );
+                    }
+                    inner.stalled = Some(msg.clone());
+                    return Err(Error::HostFull(msg));
+                }
+                inner.failed = Some(format!("value log write failed: {e}"));
                 return Err(e.into());
             }
             {
@@ -619,6 +650,11 @@ impl ValueLog {
         let mut work = self.flusher_work.lock();
         *work = true;
         self.flusher_cv.notify_all();
+    }
+
+    /// Why appends are refused for want of host space, if they are.
+    pub fn stalled(&self) -> Option<String> {
+        self.inner.lock().stalled.clone()
     }
 
     /// Number of sealed chunks waiting to be written.

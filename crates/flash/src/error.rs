@@ -8,7 +8,13 @@ use crate::SegmentId;
 pub enum FlashError {
     /// An operating-system I/O error.
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+    /// The storage under the device has no room for a write: the host file
+    /// system holding a sparse device file is full (`ENOSPC`) or over
+    /// quota (`EDQUOT`). Nothing on the device is damaged; the same write
+    /// succeeds once space is freed there.
+    #[error("the file system holding the device is full: {0}")]
+    HostFull(std::io::Error),
     /// No segment is free.
     #[error("no free segment")]
     NoSpace,
@@ -62,5 +68,44 @@ pub enum FlashError {
     InvalidArgument(String),
 }
 
+impl From<std::io::Error> for FlashError {
+    /// `HostFull` for the errors a retry can outlive (out of space or over
+    /// quota), `Io` for the rest.
+    fn from(e: std::io::Error) -> Self {
+        use std::io::ErrorKind;
+        match e.kind() {
+            ErrorKind::StorageFull | ErrorKind::QuotaExceeded => FlashError::HostFull(e),
+            _ => FlashError::Io(e),
+        }
+    }
+}
+
+impl FlashError {
+    /// True for [`FlashError::HostFull`]: the write may be retried later.
+    pub fn is_host_full(&self) -> bool {
+        matches!(self, FlashError::HostFull(_))
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, FlashError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_space_and_quota_are_host_full_other_errors_are_io() {
+        for code in [libc::ENOSPC, libc::EDQUOT] {
+            let e = FlashError::from(std::io::Error::from_raw_os_error(code));
+            assert!(e.is_host_full(), "{code}: {e}");
+            assert!(e
+                .to_string()
+                .contains("file system holding the device is full"));
+        }
+        for code in [libc::EIO, libc::EINVAL, libc::EBADF] {
+            let e = FlashError::from(std::io::Error::from_raw_os_error(code));
+            assert!(matches!(e, FlashError::Io(_)), "{code}: {e}");
+        }
+    }
+}

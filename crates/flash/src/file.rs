@@ -796,7 +796,7 @@ mod tests {
         let cap = (free + (1 << 30)) / u64::from(PS) * u64::from(PS);
         let dev = FileDevice::open(&dir.path().join("dev"), Some(cap), PS).unwrap();
         match dev.fill_holes() {
-            Err(FlashError::Io(e)) => {
+            Err(FlashError::HostFull(e)) => {
                 assert_eq!(e.kind(), std::io::ErrorKind::StorageFull, "{e}");
                 assert!(e.to_string().contains("free"), "{e}");
             }

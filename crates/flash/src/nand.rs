@@ -9,6 +9,11 @@
 //! decides per dirty page (by [`LossMode`]) whether the write survived, and
 //! restores power. All randomness comes from seeded RNGs, so a test run is
 //! reproducible.
+//!
+//! A host-space limit emulates a sparse device file on a host file system
+//! that fills up: pages holding data (in either image) count as allocated,
+//! a trim gives them back, and a write that would allocate past the limit
+//! fails with `HostFull` (`ENOSPC`) before programming anything.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,6 +118,8 @@ pub struct NandDevice {
     tear_rng: Mutex<StdRng>,
     page_writes: AtomicU64,
     counters: AtomicCounters,
+    /// Allocated pages a write may bring the device to (`u64::MAX`: no limit).
+    host_pages: AtomicU64,
 }
 
 impl NandDevice {
@@ -156,6 +163,7 @@ impl NandDevice {
             tear_rng: Mutex::new(StdRng::seed_from_u64(INITIAL_TEAR_SEED)),
             page_writes: AtomicU64::new(0),
             counters: AtomicCounters::default(),
+            host_pages: AtomicU64::new(u64::MAX),
             cfg,
         }))
     }
@@ -206,6 +214,42 @@ impl NandDevice {
         *self.tear_rng.lock() = StdRng::seed_from_u64(seed ^ INITIAL_TEAR_SEED);
         *self.cut_after.lock() = None;
         *powered = true;
+    }
+
+    /// Limits the device to `bytes` of allocated pages, like a sparse
+    /// device file on a host file system with that much room (`None`: no
+    /// limit). Pages with data in either image are allocated; a trim frees
+    /// them. A write that would allocate past the limit fails with
+    /// [`FlashError::HostFull`] and changes nothing. Concurrent writes may
+    /// overshoot the limit by what they write at once.
+    pub fn set_host_space(&self, bytes: Option<u64>) {
+        let pages = bytes.map_or(u64::MAX, |b| b / u64::from(self.cfg.page_size));
+        self.host_pages.store(pages, Ordering::Relaxed);
+    }
+
+    /// Bytes of allocated pages (see [`NandDevice::set_host_space`]).
+    pub fn host_space_used(&self) -> u64 {
+        let pages: usize = self.shards.iter().map(|s| s.lock().pages.len()).sum();
+        pages as u64 * u64::from(self.cfg.page_size)
+    }
+
+    /// `HostFull` if writing pages `first..first + n` would allocate past
+    /// the host-space limit.
+    fn check_host_space(&self, first: u64, n: u64) -> Result<()> {
+        let limit = self.host_pages.load(Ordering::Relaxed);
+        if limit == u64::MAX {
+            return Ok(());
+        }
+        let fresh = (first..first + n)
+            .filter(|p| !self.shard(*p).lock().pages.contains_key(p))
+            .count() as u64;
+        let used = self.host_space_used() / u64::from(self.cfg.page_size);
+        if fresh > 0 && used + fresh > limit {
+            return Err(FlashError::HostFull(std::io::Error::from_raw_os_error(
+                libc::ENOSPC,
+            )));
+        }
+        Ok(())
     }
 
     /// True while the device has power.
@@ -367,6 +411,10 @@ impl Device for NandDevice {
         )?;
         let ps = self.cfg.page_size as usize;
         let first = offset / ps as u64;
+        {
+            let _powered = self.power_on()?;
+            self.check_host_space(first, (data.len() / ps) as u64)?;
+        }
         if self.cfg.strict_append {
             // Reject before programming anything, so a bad call changes nothing.
             let _powered = self.power_on()?;
@@ -657,5 +705,29 @@ mod tests {
         });
         assert_eq!(dev.counters().pages_written, 32);
         assert!(read_page(&dev, 0).iter().all(|&b| b == 0xFF));
+    }
+
+    #[test]
+    fn host_space_limit_fails_writes_with_host_full_until_a_trim_frees_pages() {
+        let dev = small(LossMode::AllUnsynced);
+        dev.write_at(0, &vec![1u8; 2 * PS]).unwrap();
+        assert_eq!(dev.host_space_used(), 2 * PS as u64);
+        dev.set_host_space(Some(3 * PS as u64));
+        match dev.write_at(4 * PS as u64, &vec![2u8; 2 * PS]) {
+            Err(e) => assert!(e.is_host_full(), "{e}"),
+            Ok(()) => panic!("a write past the host space must fail"),
+        }
+        assert!(
+            read_page(&dev, 4).iter().all(|&b| b == 0xFF),
+            "the failed write programmed nothing"
+        );
+        dev.write_at(4 * PS as u64, &vec![3u8; PS]).unwrap();
+        assert!(dev.write_at(5 * PS as u64, &vec![3u8; PS]).is_err());
+        dev.trim(0, 2 * PS as u64).unwrap();
+        assert_eq!(dev.host_space_used(), PS as u64);
+        dev.write_at(5 * PS as u64, &vec![4u8; 2 * PS]).unwrap();
+        dev.set_host_space(None);
+        dev.write_at(8 * PS as u64, &vec![5u8; 4 * PS]).unwrap();
+        assert_eq!(read_page(&dev, 8)[0], 5);
     }
 }

@@ -185,3 +185,164 @@ fn preallocate_allocates_the_whole_device_file_and_keeps_data() {
     assert_eq!(n.cli(&["get", "k199"]), "v".repeat(3000));
     assert_eq!(n.cli(&["strlen", "k0"]), "3000");
 }
+
+/// A tmpfs of `mib` MiB mounted on a fresh directory, unmounted on drop;
+/// `None` where mounting is not allowed (not root), except under CI, which
+/// runs as root and must run this test.
+struct SmallFs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn mount(mib: u64) -> Option<SmallFs> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}M"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("mount runs");
+        if out.status.success() {
+            return Some(SmallFs { dir });
+        }
+        let why = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must be able to mount a tmpfs: {why}"
+        );
+        eprintln!("skipped: cannot mount a tmpfs here ({why})");
+        None
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// SETs until one is refused; the number acknowledged and the refusal.
+fn set_until_refused(
+    c: &mut BufReader<std::net::TcpStream>,
+    from: usize,
+    value: &[u8],
+) -> (usize, String) {
+    for i in from..from + 100_000 {
+        let key = format!("host:{i:05}");
+        match call(c, &[b"SET", key.as_bytes(), value]) {
+            Resp::Simple(s) if s == "OK" => {}
+            Resp::Error(e) => return (i, e),
+            other => panic!("SET {key}: {other:?}"),
+        }
+    }
+    panic!("the host file system never filled up");
+}
+
+/// The engine section's `host_full` field of INFO.
+fn info_host_full(c: &mut BufReader<std::net::TcpStream>) -> String {
+    match call(c, &[b"INFO", b"engine"]) {
+        Resp::Bulk(b) => String::from_utf8_lossy(&b)
+            .lines()
+            .find_map(|l| l.strip_prefix("host_full:").map(str::to_string))
+            .expect("INFO engine has host_full"),
+        other => panic!("INFO: {other:?}"),
+    }
+}
+
+/// A sparse device file on a host file system that fills up (a 40 MiB
+/// tmpfs under a 256 MiB device): SETs get `-ERR NOSPACE …`, reads go on,
+/// a node killed while full restarts and serves its data, and once space
+/// is freed on the host, writes resume without a restart. Under `sync`
+/// durability every acknowledged SET is there at the end.
+#[test]
+fn a_full_host_file_system_refuses_writes_until_space_is_freed() {
+    let Some(fs) = SmallFs::mount(40) else { return };
+    let ballast = fs.path().join("ballast");
+    std::fs::write(&ballast, vec![7u8; 8 << 20]).expect("ballast");
+    let data = fs.path().join("data");
+    let flags = ["--capacity", "256M", "--durability", "sync"];
+    let mut n = Node::start_in(&data, &flags).expect("start");
+    let value = vec![b'h'; 8192];
+    let mut c = BufReader::new(n.connect());
+    let (acked, err) = set_until_refused(&mut c, 0, &value);
+    assert!(err.starts_with("ERR NOSPACE"), "{err}");
+    assert!(
+        err.contains("file system holding the device is full"),
+        "{err}"
+    );
+    assert!(acked > 100, "only {acked} SETs fit");
+    assert_eq!(info_host_full(&mut c), "1");
+    assert_eq!(
+        call(&mut c, &[b"GET", b"host:00000"]),
+        Resp::Bulk(value.clone())
+    );
+    let last = format!("host:{:05}", acked - 1);
+    assert_eq!(
+        call(&mut c, &[b"GET", last.as_bytes()]),
+        Resp::Bulk(value.clone())
+    );
+    assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
+    // Killed while full: it restarts (for reads) on the still-full host.
+    n.child.kill().unwrap();
+    n.child.wait().unwrap();
+    drop(n);
+    let n = Node::start_in(&data, &flags).expect("restart on a full host");
+    let mut c = BufReader::new(n.connect());
+    assert_eq!(
+        call(&mut c, &[b"GET", last.as_bytes()]),
+        Resp::Bulk(value.clone())
+    );
+    match call(&mut c, &[b"SET", b"more", b"x"]) {
+        Resp::Error(e) => assert!(e.starts_with("ERR NOSPACE"), "{e}"),
+        other => panic!("SET on a full host: {other:?}"),
+    }
+    // Space freed on the host: writes resume by themselves.
+    std::fs::remove_file(&ballast).expect("remove ballast");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match call(&mut c, &[b"SET", b"more", b"x"]) {
+            Resp::Simple(s) if s == "OK" => break,
+            Resp::Error(e) if std::time::Instant::now() < deadline => {
+                assert!(e.starts_with("ERR NOSPACE"), "{e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("writes did not resume after space was freed: {other:?}"),
+        }
+    }
+    let (more, _) = set_until_refused(&mut c, acked, &value);
+    assert!(
+        more > acked + 100,
+        "only {} more SETs after freeing 8 MiB",
+        more - acked
+    );
+    // A clean stop on a full host: every acknowledged SET is durable
+    // (`sync`), so only the final flush is skipped.
+    let mut n = n;
+    n.terminate();
+    assert_eq!(
+        n.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        n.log_text()
+    );
+    drop(n);
+    drop(c);
+    // The host is full again: the restart replays the log for reads.
+    let n = Node::start_in(&data, &flags).expect("restart");
+    let mut c = BufReader::new(n.connect());
+    for i in (0..more).step_by(97).chain([more - 1]) {
+        let key = format!("host:{i:05}");
+        assert_eq!(
+            call(&mut c, &[b"GET", key.as_bytes()]),
+            Resp::Bulk(value.clone()),
+            "{key}"
+        );
+    }
+    assert_eq!(call(&mut c, &[b"GET", b"more"]), Resp::Bulk(b"x".to_vec()));
+}

@@ -300,6 +300,9 @@ pub mod errors {
             engine::Error::NoSpace => Reply::err(
                 "NOSPACE device full (delete data and let garbage collection reclaim space)",
             ),
+            engine::Error::HostFull(why) => Reply::err(format!(
+                "NOSPACE {why} (writes resume by themselves once space is freed there)"
+            )),
             engine::Error::ValueTooLarge { .. } => Reply::err(format!("value too large: {e}")),
             _ => Reply::err(e),
         }

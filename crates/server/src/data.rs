@@ -215,7 +215,7 @@ pub fn execute_sets(group: Vec<crate::exec::Run>) {
             Ok(()) => vec![(Reply::ok(), share); run.cmds.len()],
             // The merged batch already waited for GC; run by run, each
             // write would wait again for nothing.
-            Err(e @ engine::Error::NoSpace) => vec![(errors::engine(e), share); run.cmds.len()],
+            Err(e) if e.is_no_space() => vec![(errors::engine(e), share); run.cmds.len()],
             Err(_) => execute_batch(&state, &run.cmds),
         };
         let _ = run.reply.send((replies, queued, Instant::now()));

@@ -143,6 +143,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("segments_total", &s.segments_total);
             line("segments_log", &s.segments_log);
             line("last_seq", &s.last_seq);
+            line("host_full", &u8::from(s.host_full));
         }
         "keyspace" => match crate::data::dbsize(state) {
             Ok(n) => line(

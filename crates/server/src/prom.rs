@@ -129,6 +129,12 @@ fn engine_gauges(out: &mut String, s: &engine::Stats) {
         &s.segments_free,
     );
     one(
+        "lightstore_engine_host_full",
+        "gauge",
+        "1 while writes are refused because the host file system holding the device is full.",
+        &u8::from(s.host_full),
+    );
+    one(
         "lightstore_engine_dram_budget_bytes",
         "gauge",
         "Configured DRAM budget.",
