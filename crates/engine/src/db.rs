@@ -20,7 +20,7 @@ use crate::memtable::Memtable;
 use crate::options::{Durability, Options};
 use crate::record::{FLAG_RELOCATED, KIND_DELETE, KIND_PUT};
 use crate::stats::{Counters, Stats};
-use crate::types::{Entry, Kind, SeqNo};
+use crate::types::{Entry, Kind, SeqNo, ValuePtr};
 use crate::version::{ReadCtx, SegmentRef, Version};
 use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 
@@ -33,6 +33,11 @@ const SLOW_DOWN_DEBT: f64 = 1.0;
 
 /// Values a range scan reads from the device in one parallel batch.
 const SCAN_READ_BATCH: usize = 256;
+/// Times a read starts over after GC released a segment under it (each
+/// retry finds the value where GC moved it; a second race needs another
+/// whole GC round meanwhile).
+const READ_RETRIES_AFTER_GC: usize = 8;
+
 /// How often background threads retry writes that found the host file
 /// system full.
 pub(crate) const HOST_FULL_RETRY: Duration = Duration::from_millis(200);
@@ -216,33 +221,29 @@ impl Db {
 
     /// The current value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
-        let seq = self.inner.visible_seq.load(Ordering::Acquire);
-        self.inner.get_at(key, seq)
+        self.inner.get_at(key, None)
     }
 
     /// The value of `key` as of `snap`.
     pub fn get_at(&self, key: &[u8], snap: &Snapshot) -> Result<Option<Bytes>> {
-        self.inner.get_at(key, snap.seq)
+        self.inner.get_at(key, Some(snap.seq))
     }
 
     /// Values of several keys, all at one sequence number.
     pub fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
-        let seq = self.inner.visible_seq.load(Ordering::Acquire);
-        self.inner.multi_get_at(keys, seq)
+        self.inner.multi_get_at(keys, None)
     }
 
     /// Up to `limit` pairs with `start <= key < end` (`end` empty = no bound),
     /// in key order, at one sequence number.
     pub fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
-        let seq = self.inner.visible_seq.load(Ordering::Acquire);
-        self.inner.scan_at(start, end, limit, seq)
+        self.inner.scan_at(start, end, limit, None)
     }
 
     /// Like [`Db::scan`] but returns only the keys, reading no value from
     /// the device (index and keytable blocks only).
     pub fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Bytes>> {
-        let seq = self.inner.visible_seq.load(Ordering::Acquire);
-        self.inner.scan_keys_at(start, end, limit, seq)
+        self.inner.scan_keys_at(start, end, limit, None)
     }
 
     /// Like [`Db::scan`], as of `snap`.
@@ -253,7 +254,7 @@ impl Db {
         limit: usize,
         snap: &Snapshot,
     ) -> Result<Vec<(Bytes, Bytes)>> {
-        self.inner.scan_at(start, end, limit, snap.seq)
+        self.inner.scan_at(start, end, limit, Some(snap.seq))
     }
 
     /// A read snapshot at the current sequence number.
@@ -628,9 +629,30 @@ impl DbInner {
         self.wake_cv.notify_all();
     }
 
+    /// The structures a read searches and the sequence number it reads at:
+    /// `at` (a registered snapshot's), or the latest visible one.
+    ///
+    /// The latest number is loaded *after* the structures. A flush or
+    /// compaction drops a version only when a newer one at or below the
+    /// visible number of its time hides it; loaded after the structures it
+    /// installed, the read's number is at least that, so the version the
+    /// read resolves to is never one it dropped. Loaded before, a flush in
+    /// between could drop the only version at or below it, and the key
+    /// would read as missing.
+    fn read_view(&self, at: Option<SeqNo>) -> (Arc<SuperVersion>, SeqNo) {
+        let sv = self.sv.read().clone();
+        let seq = at.unwrap_or_else(|| self.visible_seq.load(Ordering::Acquire));
+        (sv, seq)
+    }
+
     /// Newest entry for `key` at or below `seq` across memtables and levels.
     pub(crate) fn lookup(&self, key: &[u8], seq: SeqNo) -> Result<Option<Entry>> {
         let sv = self.sv.read().clone();
+        self.lookup_in(&sv, key, seq)
+    }
+
+    /// [`Self::lookup`] in the given structures.
+    fn lookup_in(&self, sv: &SuperVersion, key: &[u8], seq: SeqNo) -> Result<Option<Entry>> {
         if let Some(e) = sv.mem.get(key, seq) {
             return Ok(Some(e));
         }
@@ -642,18 +664,35 @@ impl DbInner {
         sv.version.get(key, seq, &self.ctx)
     }
 
-    pub(crate) fn get_at(&self, key: &[u8], seq: SeqNo) -> Result<Option<Bytes>> {
+    /// Whether a value read that failed should start over from the lookup:
+    /// GC relocated a value and released its segment between the lookup
+    /// that returned `ptrs` and the read of the value (which then found a
+    /// trimmed or reused segment). The next lookup finds the relocated value.
+    /// Any other failure, or one that keeps happening, is reported.
+    fn read_raced_gc(&self, tries: &mut usize, mut ptrs: impl Iterator<Item = ValuePtr>) -> bool {
+        *tries += 1;
+        *tries <= READ_RETRIES_AFTER_GC && ptrs.any(|p| self.vlog.is_reclaimed(p))
+    }
+
+    /// The value of `key` at `at` (None: latest).
+    pub(crate) fn get_at(&self, key: &[u8], at: Option<SeqNo>) -> Result<Option<Bytes>> {
         let before = self.ctx.block_reads.load(Ordering::Relaxed);
-        let found = self.lookup(key, seq)?;
-        let result = match found {
-            Some(e) if e.kind == Kind::Put => {
-                let (v, device) = self.vlog.read_value(e.ptr, key)?;
-                if device {
-                    Counters::add(&self.counters.get_device_reads, 1);
-                }
-                Some(v)
+        let mut tries = 0;
+        let result = loop {
+            let (sv, seq) = self.read_view(at);
+            match self.lookup_in(&sv, key, seq)? {
+                Some(e) if e.kind == Kind::Put => match self.vlog.read_value(e.ptr, key) {
+                    Ok((v, device)) => {
+                        if device {
+                            Counters::add(&self.counters.get_device_reads, 1);
+                        }
+                        break Some(v);
+                    }
+                    Err(_) if self.read_raced_gc(&mut tries, std::iter::once(e.ptr)) => continue,
+                    Err(err) => return Err(err),
+                },
+                _ => break None,
             }
-            _ => None,
         };
         let block_reads = self.ctx.block_reads.load(Ordering::Relaxed) - before;
         Counters::add(&self.counters.get_device_reads, block_reads);
@@ -662,18 +701,30 @@ impl DbInner {
     }
 
     /// Looks all keys up, then reads their values in one parallel batch.
-    pub(crate) fn multi_get_at(&self, keys: &[&[u8]], seq: SeqNo) -> Result<Vec<Option<Bytes>>> {
+    pub(crate) fn multi_get_at(
+        &self,
+        keys: &[&[u8]],
+        at: Option<SeqNo>,
+    ) -> Result<Vec<Option<Bytes>>> {
         let before = self.ctx.block_reads.load(Ordering::Relaxed);
-        let mut found = Vec::new(); // (key index, entry)
-        for (i, key) in keys.iter().enumerate() {
-            if let Some(e) = self.lookup(key, seq)? {
-                if e.kind == Kind::Put {
-                    found.push((i, e));
+        let mut tries = 0;
+        let (found, values) = loop {
+            let (sv, seq) = self.read_view(at);
+            let mut found = Vec::new(); // (key index, entry)
+            for (i, key) in keys.iter().enumerate() {
+                if let Some(e) = self.lookup_in(&sv, key, seq)? {
+                    if e.kind == Kind::Put {
+                        found.push((i, e));
+                    }
                 }
             }
-        }
-        let reqs: Vec<_> = found.iter().map(|(i, e)| (e.ptr, keys[*i])).collect();
-        let values = self.vlog.read_values(&reqs)?;
+            let reqs: Vec<_> = found.iter().map(|(i, e)| (e.ptr, keys[*i])).collect();
+            match self.vlog.read_values(&reqs) {
+                Ok(values) => break (found, values),
+                Err(_) if self.read_raced_gc(&mut tries, reqs.iter().map(|r| r.0)) => continue,
+                Err(err) => return Err(err),
+            }
+        };
         let mut out = vec![None; keys.len()];
         let mut device_reads = self.ctx.block_reads.load(Ordering::Relaxed) - before;
         for ((i, _), (v, from_device)) in found.iter().zip(values) {
@@ -690,37 +741,48 @@ impl DbInner {
         start: &[u8],
         end: &[u8],
         limit: usize,
-        seq: SeqNo,
+        at: Option<SeqNo>,
     ) -> Result<Vec<(Bytes, Bytes)>> {
         // Collect the visible entries first, then read their values in
         // parallel batches: a range of N values costs about N / queue depth
         // device reads' time, not N.
-        let found = self.visible_entries(start, end, limit, seq)?;
-        let mut out = Vec::with_capacity(found.len());
-        for chunk in found.chunks(SCAN_READ_BATCH) {
-            let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..])).collect();
-            let values = self.vlog.read_values(&reqs)?;
-            out.extend(
-                chunk
-                    .iter()
-                    .zip(values)
-                    .map(|(e, (v, _))| (e.key.clone(), v)),
-            );
+        let mut tries = 0;
+        'scan: loop {
+            let (sv, seq) = self.read_view(at);
+            let found = self.visible_entries(&sv, start, end, limit, seq)?;
+            let mut out = Vec::with_capacity(found.len());
+            for chunk in found.chunks(SCAN_READ_BATCH) {
+                let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..])).collect();
+                let values = match self.vlog.read_values(&reqs) {
+                    Ok(values) => values,
+                    Err(_) if self.read_raced_gc(&mut tries, reqs.iter().map(|r| r.0)) => {
+                        continue 'scan;
+                    }
+                    Err(err) => return Err(err),
+                };
+                out.extend(
+                    chunk
+                        .iter()
+                        .zip(values)
+                        .map(|(e, (v, _))| (e.key.clone(), v)),
+                );
+            }
+            return Ok(out);
         }
-        Ok(out)
     }
 
-    /// Up to `limit` live keys in `[start, end)` as of `seq`, without
-    /// reading any value.
+    /// Up to `limit` live keys in `[start, end)` as of `at` (None:
+    /// latest), without reading any value.
     pub(crate) fn scan_keys_at(
         &self,
         start: &[u8],
         end: &[u8],
         limit: usize,
-        seq: SeqNo,
+        at: Option<SeqNo>,
     ) -> Result<Vec<Bytes>> {
+        let (sv, seq) = self.read_view(at);
         Ok(self
-            .visible_entries(start, end, limit, seq)?
+            .visible_entries(&sv, start, end, limit, seq)?
             .into_iter()
             .map(|e| e.key)
             .collect())
@@ -730,12 +792,12 @@ impl DbInner {
     /// `[start, end)` (empty `end`: unbounded), in key order.
     fn visible_entries(
         &self,
+        sv: &SuperVersion,
         start: &[u8],
         end: &[u8],
         limit: usize,
         seq: SeqNo,
     ) -> Result<Vec<Entry>> {
-        let sv = self.sv.read().clone();
         let mut sources: Vec<EntryIter<'_>> = vec![Box::new(sv.mem.iter_from(start).map(Ok))];
         if let Some(imm) = &sv.imm {
             sources.push(Box::new(imm.iter_from(start).map(Ok)));

@@ -961,6 +961,15 @@ impl ValueLog {
     }
 
     /// Forgets a reclaimed segment.
+    /// True if GC has released `ptr`'s segment (or it was reused since):
+    /// a read through `ptr` that failed may have raced that release.
+    pub fn is_reclaimed(&self, ptr: ValuePtr) -> bool {
+        self.segs
+            .read()
+            .get(&ptr.seg)
+            .is_none_or(|m| m.gen != ptr.gen)
+    }
+
     pub fn remove_segment(&self, seg: SegmentId) {
         self.segs.write().remove(&seg);
     }
