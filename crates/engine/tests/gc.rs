@@ -230,6 +230,42 @@ fn reads_racing_value_gc_find_the_relocated_values() {
             })
         })
         .collect();
+    // A snapshot reader: what a snapshot shows must not change while
+    // flushes, compactions and GC run under it.
+    let snapshot_reader = {
+        let (db, stop) = (db.clone(), stop.clone());
+        std::thread::spawn(move || -> Result<u64, String> {
+            let mut views = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let snap = db.snapshot();
+                let first = db
+                    .scan_at(&key(0), &[], KEYS as usize, &snap)
+                    .map_err(|e| format!("snapshot scan: {e}"))?;
+                if first.len() != KEYS as usize {
+                    return Err(format!("snapshot scan: {} keys", first.len()));
+                }
+                for _ in 0..20 {
+                    let again = db
+                        .scan_at(&key(0), &[], KEYS as usize, &snap)
+                        .map_err(|e| format!("snapshot rescan: {e}"))?;
+                    if again != first {
+                        return Err("a snapshot's scan changed".into());
+                    }
+                    for (k, v) in first.iter().step_by(7) {
+                        let got = db
+                            .get_at(k, &snap)
+                            .map_err(|e| format!("snapshot get: {e}"))?;
+                        if got.as_ref() != Some(v) {
+                            return Err("a snapshot's get changed".into());
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                views += 1;
+            }
+            Ok(views)
+        })
+    };
     let mut rng = SmallRng::seed_from_u64(7);
     for round in 1..=1000u64 {
         for _ in 0..16 {
@@ -247,5 +283,10 @@ fn reads_racing_value_gc_find_the_relocated_values() {
             .expect("a read racing GC failed");
         assert!(reads > 100, "only {reads} reads");
     }
+    let views = snapshot_reader
+        .join()
+        .expect("snapshot reader thread")
+        .expect("a snapshot read racing GC failed");
+    assert!(views > 0, "no snapshot was checked");
     assert!(db.stats().gc_segments_reclaimed > 20, "{:?}", db.stats());
 }
