@@ -168,7 +168,15 @@ impl DbInner {
         let points_here = |e: Option<crate::types::Entry>| {
             e.is_some_and(|e| e.kind == Kind::Put && e.seq == seq && e.ptr.same_record(&ptr))
         };
-        if points_here(self.lookup(key, SeqNo::MAX)?) {
+        let latest = self.lookup(key, SeqNo::MAX)?;
+        let newest_seq = latest.as_ref().map(|e| e.seq);
+        if points_here(latest) {
+            return Ok(Liveness::Latest);
+        }
+        // A newer version whose batch is still being appended is not visible
+        // yet: reads, and snapshots taken now, still resolve to this one.
+        let visible = self.visible_seq.load(std::sync::atomic::Ordering::Acquire);
+        if newest_seq.is_some_and(|s| s > visible) && points_here(self.lookup(key, visible)?) {
             return Ok(Liveness::Latest);
         }
         for &s in snapshots {
@@ -184,4 +192,47 @@ enum Liveness {
     Dead,
     Latest,
     PinnedBySnapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use flash::{LossMode, NandConfig, NandDevice};
+
+    use super::Liveness;
+    use crate::types::{Kind, SeqNo};
+    use crate::{Db, Options};
+
+    /// While a newer version's batch is being appended (in the memtable,
+    /// not yet visible), the visible version is what reads and new
+    /// snapshots resolve to: GC must keep it.
+    #[test]
+    fn a_version_hidden_only_by_an_invisible_one_is_live() {
+        let dev = NandDevice::new(NandConfig {
+            page_size: 4096,
+            capacity: 16 << 20,
+            loss: LossMode::AllUnsynced,
+            ..NandConfig::default()
+        });
+        let db = Db::open(dev, Options::small_for_tests()).expect("open");
+        db.put(b"k", b"visible").expect("put");
+        let inner = &db.inner;
+        let e = inner.lookup(b"k", SeqNo::MAX).unwrap().expect("entry");
+        let live = |inner: &crate::db::DbInner| {
+            matches!(
+                inner.liveness(b"k", e.seq, e.ptr, &[]).expect("liveness"),
+                Liveness::Latest
+            )
+        };
+        assert!(live(inner));
+        // What an append does before it publishes the batch's sequence.
+        let sv = inner.sv.read().clone();
+        sv.mem
+            .insert(Bytes::from_static(b"k"), e.seq + 1, Kind::Put, e.ptr);
+        assert!(live(inner), "hidden only by an invisible version");
+        inner
+            .visible_seq
+            .store(e.seq + 1, std::sync::atomic::Ordering::Release);
+        assert!(!live(inner), "hidden by a visible version");
+    }
 }
