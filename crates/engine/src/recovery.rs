@@ -144,16 +144,20 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
     let mem = Memtable::new();
     let mut last_seq = manifest.last_seq;
     if manifest.replay.epoch != 0 {
-        last_seq = last_seq.max(replay(
-            &flash,
-            manifest.replay,
-            &mut segs,
-            &counted_upto,
-            &mem,
-        )?);
+        let (max_seq, end_epoch) = replay(&flash, manifest.replay, &mut segs, &counted_upto, &mem)?;
+        last_seq = last_seq.max(max_seq);
+        // Segments the manifest lists after the one where the log ended held
+        // only records appended after the replay position and lost at the
+        // crash (had any been synced, the log up to them would have been
+        // too, and replay would have reached them). Nothing refers to them:
+        // they are released below with the other unreferenced segments.
+        segs.retain(|_, m| m.epoch <= end_epoch);
     }
     for m in segs.values_mut() {
         m.sealed = true;
+        // The manifest counted live bytes of records that the crash may
+        // have lost from a segment's tail; live never exceeds written.
+        m.live_bytes = m.live_bytes.min(m.written_bytes);
     }
     let log_segments: HashSet<SegmentId> = segs.keys().copied().collect();
 
@@ -274,14 +278,15 @@ fn warm_cache(
 }
 
 /// Scans the log from `start`, inserting complete batches into `mem`.
-/// Returns the largest sequence number seen.
+/// Returns the largest sequence number seen and the epoch of the segment
+/// where the log ends.
 fn replay(
     flash: &Arc<FlashStore>,
     start: LogPosition,
     segs: &mut BTreeMap<SegmentId, SegMeta>,
     counted_upto: &HashMap<SegmentId, u64>,
     mem: &Memtable,
-) -> Result<SeqNo> {
+) -> Result<(SeqNo, u64)> {
     let seg_bytes = flash.geometry().segment_bytes();
     let page = flash.geometry().page_size as u64;
     // A reader needs a ValueLog only for `read_device`; use a scratch one
@@ -385,11 +390,14 @@ fn replay(
             off += len;
         }
     }
-    Ok(max_seq)
+    Ok((max_seq, pos.epoch))
 }
 
 /// Validates the segment a LINK names; claims it if the checkpoint shows it
-/// free. `None` if its header never reached the device (end of log).
+/// free. `None` if its header never reached the device (end of log): a
+/// segment the manifest lists is checked too, since the manifest may have
+/// been written after the writer switched to it but before its first page
+/// was synced. On return the segment counts its header as written.
 fn follow_link(
     flash: &Arc<FlashStore>,
     reader_log: &ScratchReader,
@@ -397,24 +405,31 @@ fn follow_link(
     next_epoch: u64,
     segs: &mut BTreeMap<SegmentId, SegMeta>,
 ) -> Result<Option<SegMeta>> {
-    if let Some(m) = segs.get(&next) {
-        return Ok((m.epoch == next_epoch).then_some(*m));
-    }
-    let info = match flash.segment_info(next) {
-        Ok(i) => i,
-        Err(_) => return Ok(None),
-    };
+    let listed = segs.get(&next).copied();
     // A segment the checkpoint shows Free was allocated after it and is
     // claimed below. One it shows Used as a log segment, though its
     // manifest does not list it, was allocated while that checkpoint was
     // taken: the manifest's list of log segments was read a moment before
     // the segment table, and a writer switched segments in between. Its
     // erase count already counts that allocation.
-    let used_gen = match info.state {
-        SegmentState::Free => None,
-        SegmentState::Used if info.kind == crate::vlog::SEGMENT_KIND_LOG => Some(info.erase_count),
-        _ => return Ok(None),
-    };
+    let mut used_gen = None;
+    match listed {
+        Some(m) if m.epoch != next_epoch => return Ok(None),
+        Some(_) => {}
+        None => {
+            let info = match flash.segment_info(next) {
+                Ok(i) => i,
+                Err(_) => return Ok(None),
+            };
+            match info.state {
+                SegmentState::Free => {}
+                SegmentState::Used if info.kind == crate::vlog::SEGMENT_KIND_LOG => {
+                    used_gen = Some(info.erase_count);
+                }
+                _ => return Ok(None),
+            }
+        }
+    }
     let mut reader = reader_log.reader(next);
     let Some(h) = record::Header::parse(reader.window(0, HEADER_LEN)?) else {
         return Ok(None);
@@ -430,16 +445,22 @@ fn follow_link(
     if !ok {
         return Ok(None);
     }
-    let gen = match used_gen {
-        Some(gen) => gen,
-        None => flash.claim(next, crate::vlog::SEGMENT_KIND_LOG)?,
-    };
-    let meta = SegMeta {
-        epoch: next_epoch,
-        gen,
-        live_bytes: 0,
-        written_bytes: 0,
-        sealed: false,
+    let header_end = h.record_len() as u64;
+    let meta = match listed {
+        Some(m) => SegMeta {
+            written_bytes: header_end,
+            ..m
+        },
+        None => SegMeta {
+            epoch: next_epoch,
+            gen: match used_gen {
+                Some(gen) => gen,
+                None => flash.claim(next, crate::vlog::SEGMENT_KIND_LOG)?,
+            },
+            live_bytes: 0,
+            written_bytes: header_end,
+            sealed: false,
+        },
     };
     segs.insert(next, meta);
     Ok(Some(meta))
@@ -536,6 +557,94 @@ mod tests {
             let got = db.get(&key(i)).expect("get");
             assert_eq!(got.as_deref(), Some(&value(i, 1)[..]), "key {i} lost");
         }
+    }
+
+    /// A manifest lists every log segment open when it was written, also one
+    /// the writer had just switched to. When the power cut loses the log
+    /// before that segment, replay never reaches it and nothing refers to
+    /// it: open must release it, not keep it for GC to scan (its erased
+    /// pages stopped the engine with a corruption error).
+    #[test]
+    fn a_listed_log_segment_beyond_the_end_of_the_log_is_released() {
+        let dev = device();
+        let db = Db::open(dev.clone(), opts(Durability::None)).expect("open");
+        db.put(&key(0), &value(0, 1)).expect("put");
+        db.sync().expect("sync");
+        // From here the log stays in memory: the switch to a new segment,
+        // then a checkpoint that lists it.
+        let held = db.inner.vlog.hold_writes();
+        let first = db.inner.vlog.current_segment();
+        let mut n = 1;
+        while db.inner.vlog.current_segment() == first {
+            db.put(&key(n), &value(n, 1)).expect("put");
+            n += 1;
+        }
+        let lost = db.inner.vlog.current_segment();
+        let lost_epoch = db.inner.vlog.segments()[&lost].epoch;
+        {
+            let mut st = db.inner.maint.lock();
+            db.inner.checkpoint(&mut st).expect("checkpoint");
+        }
+        dev.cut_power_now();
+        drop(held);
+        let db = power_cut(&dev, db);
+        let segs = db.inner.vlog.segments();
+        assert!(
+            segs.get(&lost).is_none_or(|m| m.epoch != lost_epoch),
+            "segment {lost}, past the end of the log, is still a log segment"
+        );
+        for (seg, m) in &segs {
+            assert!(m.live_bytes <= m.written_bytes, "segment {seg}: {m:?}");
+        }
+        for i in 0..n {
+            db.put(&key(i), &value(i, 2)).expect("put");
+        }
+        db.flush().expect("flush");
+        db.gc().expect("gc scans only what the log holds");
+    }
+
+    /// The LINK to a new log segment and that segment's first page are
+    /// written as separate chunks: the LINK can be durable while the first
+    /// page is not, and a manifest written in between lists the new
+    /// segment. Replay must check that segment's header like any other's;
+    /// without it the log ends before the segment, which is released.
+    #[test]
+    fn a_listed_segment_whose_first_page_was_lost_ends_the_log() {
+        let dev = device();
+        let db = Db::open(dev.clone(), opts(Durability::None)).expect("open");
+        let held = db.inner.vlog.hold_writes();
+        let first = db.inner.vlog.current_segment();
+        let mut n = 0;
+        while db.inner.vlog.current_segment() == first {
+            db.put(&key(n), &value(n, 1)).expect("put");
+            n += 1;
+        }
+        let lost = db.inner.vlog.current_segment();
+        let lost_epoch = db.inner.vlog.segments()[&lost].epoch;
+        drop(held);
+        // Everything up to the LINK is written and synced; the new
+        // segment's page (its header and the last put) is still in memory.
+        db.inner.vlog.write_pending(true).expect("write");
+        db.inner.flash.sync().expect("sync");
+        {
+            let mut st = db.inner.maint.lock();
+            db.inner.checkpoint(&mut st).expect("checkpoint");
+        }
+        let db = power_cut(&dev, db);
+        let segs = db.inner.vlog.segments();
+        assert!(
+            segs.get(&lost).is_none_or(|m| m.epoch != lost_epoch),
+            "segment {lost}, whose header was lost, is still a log segment"
+        );
+        for i in 0..n - 1 {
+            let got = db.get(&key(i)).expect("get");
+            assert_eq!(got.as_deref(), Some(&value(i, 1)[..]), "key {i}");
+        }
+        for i in 0..n {
+            db.put(&key(i), &value(i, 2)).expect("put");
+        }
+        db.flush().expect("flush");
+        db.gc().expect("gc scans only what the log holds");
     }
 
     /// A manifest counts the bytes appended to the current log segment,

@@ -961,6 +961,13 @@ impl ValueLog {
     }
 
     /// Forgets a reclaimed segment.
+    /// Holds back the write-behind while the guard lives, so sealed chunks
+    /// stay in memory (tests of what a crash loses).
+    #[cfg(test)]
+    pub(crate) fn hold_writes(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.io.lock()
+    }
+
     /// True if GC has released `ptr`'s segment (or it was reused since):
     /// a read through `ptr` that failed may have raced that release.
     pub fn is_reclaimed(&self, ptr: ValuePtr) -> bool {
