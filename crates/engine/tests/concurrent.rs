@@ -10,7 +10,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const WRITERS: u32 = 3;
+
+/// Writes refused because the host file system was full (all tests).
+static REFUSED: AtomicU64 = AtomicU64::new(0);
 const KEYS_PER_WRITER: u32 = 40;
 
 /// What a key may hold after a power cut.
@@ -93,14 +96,21 @@ fn writer(db: &Db, w: u32, seed: u64, mut oracle: Oracle, cut: &AtomicBool) -> O
                 }
             }
             Err(e) => {
+                for (k, v) in &ops {
+                    oracle.entry(*k).or_default().in_flight.push(v.clone());
+                }
+                if cut.load(Ordering::Acquire) {
+                    return oracle;
+                }
+                // The host file system is full: refused, outcome unknown
+                // (under sync it may land once space returns).
                 assert!(
-                    cut.load(Ordering::Acquire),
+                    e.is_no_space(),
                     "writer {w}: write failed with the power on: {e}"
                 );
-                for (k, v) in ops {
-                    oracle.entry(k).or_default().in_flight.push(v);
-                }
-                return oracle;
+                REFUSED.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
             }
         }
         // Read back one key just written: only this writer writes it.
@@ -139,7 +149,9 @@ fn check(db: &Db, oracles: &mut [Oracle], what: &str) {
     }
 }
 
-fn cycles(seed: u64, n: usize) {
+/// `host_limits`: while the writers run, the host file system under the
+/// device fills up and frees again at random moments.
+fn cycles(seed: u64, n: usize, host_limits: bool) {
     let dev: Arc<NandDevice> = nand(24, LossMode::RandomUnsynced);
     let mut oracles: Vec<Oracle> = (0..WRITERS).map(|_| Oracle::new()).collect();
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -160,7 +172,19 @@ fn cycles(seed: u64, n: usize) {
                 std::thread::spawn(move || writer(&db, w as u32, s, oracle, &cut))
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(rng.gen_range(20..200)));
+        if host_limits {
+            for _ in 0..rng.gen_range(1..4) {
+                std::thread::sleep(Duration::from_millis(rng.gen_range(5..60)));
+                let room = rng.gen_range(0..64u64) * 4096;
+                dev.set_host_space(Some(dev.host_space_used() + room));
+                std::thread::sleep(Duration::from_millis(rng.gen_range(5..60)));
+                if rng.gen_bool(0.7) {
+                    dev.set_host_space(None);
+                }
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(rng.gen_range(20..200)));
+        }
         cut.store(true, Ordering::Release);
         dev.cut_power_now();
         oracles = threads
@@ -169,7 +193,11 @@ fn cycles(seed: u64, n: usize) {
             .collect();
         drop(db);
         dev.power_cycle(seed * 1000 + cycle as u64);
+        if host_limits && rng.gen_bool(0.5) {
+            dev.set_host_space(None);
+        }
     }
+    dev.set_host_space(None);
     let db = open(&dev, &opts());
     check(&db, &mut oracles, &format!("seed {seed} at the end"));
     let written: usize = oracles.iter().map(|o| o.len()).sum();
@@ -181,6 +209,19 @@ fn cycles(seed: u64, n: usize) {
 #[test]
 fn concurrent_writers_with_power_cuts_lose_nothing_acknowledged() {
     for seed in 0..4 {
-        cycles(seed, 12);
+        cycles(seed, 12, false);
     }
+}
+
+/// The same while the host file system under the device fills and frees
+/// (some cuts, and some opens, happen while it is full).
+#[test]
+fn concurrent_writers_with_a_filling_host_and_power_cuts_lose_nothing_acknowledged() {
+    for seed in 10..14 {
+        cycles(seed, 12, true);
+    }
+    assert!(
+        REFUSED.load(Ordering::Relaxed) > 0,
+        "the host never filled under a writer"
+    );
 }
