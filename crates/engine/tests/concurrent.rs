@@ -1,11 +1,12 @@
-//! Concurrent writers under `sync` durability with background flush,
-//! compaction and GC, and power cuts at random moments while they write.
-//! Each writer owns a disjoint set of keys, so it is the oracle for them: a
-//! read of its own key right after an acknowledged write must return that
-//! write, and after every recovery each key must hold its last acknowledged
-//! value or one of the writes that were in flight (failed or unanswered)
-//! when the power went. Deterministic key choice per seed; the interleaving
-//! is not.
+//! Concurrent writers with background flush, compaction and GC, and power
+//! cuts at random moments while they write. Each writer owns a disjoint set
+//! of keys, so it is the oracle for them: a read of its own key right after
+//! an acknowledged write must return that write, and after every recovery
+//! each key must hold its last durable value (acknowledged under `sync`;
+//! covered by the writer's own `Db::sync` under `interval`) or one of the
+//! writes after it (unsynced, refused for want of host space, or cut off).
+//! Variants run under `interval` and with the host file system filling up.
+//! Key choice is deterministic per seed; the interleaving is not.
 
 mod common;
 
@@ -21,30 +22,37 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 const WRITERS: u32 = 3;
+const KEYS_PER_WRITER: u32 = 40;
+/// Under `interval`, a writer calls `Db::sync` after this many writes.
+const SYNC_EVERY: u32 = 16;
 
 /// Writes refused because the host file system was full (all tests).
 static REFUSED: AtomicU64 = AtomicU64::new(0);
-const KEYS_PER_WRITER: u32 = 40;
 
 /// What a key may hold after a power cut.
 #[derive(Clone, Default)]
 struct Slot {
-    acked: Option<Vec<u8>>,
-    /// Writes after the last acknowledged one that failed or were cut off.
-    in_flight: Vec<Option<Vec<u8>>>,
+    /// The last write known durable: acknowledged under `sync`, or
+    /// acknowledged before a completed `Db::sync` under `interval`.
+    durable: Option<Vec<u8>>,
+    /// Later writes: acknowledged but not synced yet, refused, or cut off.
+    /// Any of them may survive.
+    since: Vec<Option<Vec<u8>>>,
+    /// The last acknowledged write: what a read returns now.
+    latest: Option<Vec<u8>>,
 }
 
 impl Slot {
     fn admits(&self, got: &Option<Vec<u8>>) -> bool {
-        *got == self.acked || self.in_flight.contains(got)
+        *got == self.durable || self.since.contains(got)
     }
 }
 
 type Oracle = HashMap<u32, Slot>;
 
-fn opts() -> Options {
+fn opts(durability: Durability) -> Options {
     Options {
-        durability: Durability::Sync,
+        durability,
         background: true,
         ..small_opts()
     }
@@ -55,12 +63,34 @@ fn writer_key(rng: &mut SmallRng, w: u32) -> u32 {
     rng.gen_range(0..KEYS_PER_WRITER) * WRITERS + w
 }
 
-/// Writes until the power goes; returns the oracle of its keys.
-fn writer(db: &Db, w: u32, seed: u64, mut oracle: Oracle, cut: &AtomicBool) -> Oracle {
+/// Writes until the power goes; returns the oracle of its keys. `synced`:
+/// every acknowledged write is durable (`sync` durability); otherwise
+/// writes become durable at the writer's own `Db::sync` calls.
+fn writer(
+    db: &Db,
+    w: u32,
+    seed: u64,
+    synced: bool,
+    mut oracle: Oracle,
+    cut: &AtomicBool,
+) -> Oracle {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut version = seed << 20;
+    let mut written = 0u32;
     loop {
         version += 1;
+        if !synced && written % SYNC_EVERY == SYNC_EVERY - 1 {
+            match db.sync() {
+                Ok(()) => {
+                    for slot in oracle.values_mut() {
+                        slot.durable = slot.latest.clone();
+                        slot.since.clear();
+                    }
+                }
+                Err(_) if cut.load(Ordering::Acquire) => return oracle,
+                Err(e) => assert!(e.is_no_space(), "writer {w}: sync failed: {e}"),
+            }
+        }
         // One put, delete or batch of this writer's keys.
         let ops: Vec<(u32, Option<Vec<u8>>)> = match rng.gen_range(0..10) {
             0..=6 => {
@@ -89,15 +119,21 @@ fn writer(db: &Db, w: u32, seed: u64, mut oracle: Oracle, cut: &AtomicBool) -> O
             .collect();
         match db.write_batch(&batch) {
             Ok(()) => {
+                written += 1;
                 for (k, v) in &ops {
                     let slot = oracle.entry(*k).or_default();
-                    slot.acked = v.clone();
-                    slot.in_flight.clear();
+                    slot.latest = v.clone();
+                    if synced {
+                        slot.durable = v.clone();
+                        slot.since.clear();
+                    } else {
+                        slot.since.push(v.clone());
+                    }
                 }
             }
             Err(e) => {
                 for (k, v) in &ops {
-                    oracle.entry(*k).or_default().in_flight.push(v.clone());
+                    oracle.entry(*k).or_default().since.push(v.clone());
                 }
                 if cut.load(Ordering::Acquire) {
                     return oracle;
@@ -117,7 +153,7 @@ fn writer(db: &Db, w: u32, seed: u64, mut oracle: Oracle, cut: &AtomicBool) -> O
         let (k, _) = &ops[rng.gen_range(0..ops.len())];
         match db.get(&key(*k)) {
             Ok(got) => {
-                let want = &oracle[k].acked;
+                let want = &oracle[k].latest;
                 assert_eq!(
                     got.map(|b| b.to_vec()),
                     *want,
@@ -142,8 +178,9 @@ fn check(db: &Db, oracles: &mut [Oracle], what: &str) {
             assert!(slot.admits(&got), "{what}: key {k} lost or wrong");
             // Recovery decided: from here on that is the acknowledged state.
             *slot = Slot {
-                acked: got,
-                in_flight: Vec::new(),
+                durable: got.clone(),
+                since: Vec::new(),
+                latest: got,
             };
         }
     }
@@ -151,12 +188,13 @@ fn check(db: &Db, oracles: &mut [Oracle], what: &str) {
 
 /// `host_limits`: while the writers run, the host file system under the
 /// device fills up and frees again at random moments.
-fn cycles(seed: u64, n: usize, host_limits: bool) {
+fn cycles(seed: u64, n: usize, durability: Durability, host_limits: bool) {
+    let synced = matches!(durability, Durability::Sync);
     let dev: Arc<NandDevice> = nand(24, LossMode::RandomUnsynced);
     let mut oracles: Vec<Oracle> = (0..WRITERS).map(|_| Oracle::new()).collect();
     let mut rng = SmallRng::seed_from_u64(seed);
     for cycle in 0..n {
-        let db = Arc::new(open(&dev, &opts()));
+        let db = Arc::new(open(&dev, &opts(durability)));
         check(
             &db,
             &mut oracles,
@@ -169,7 +207,7 @@ fn cycles(seed: u64, n: usize, host_limits: bool) {
             .map(|(w, oracle)| {
                 let (db, cut) = (db.clone(), cut.clone());
                 let s = seed * 1000 + cycle as u64 * 10 + w as u64;
-                std::thread::spawn(move || writer(&db, w as u32, s, oracle, &cut))
+                std::thread::spawn(move || writer(&db, w as u32, s, synced, oracle, &cut))
             })
             .collect();
         if host_limits {
@@ -198,7 +236,7 @@ fn cycles(seed: u64, n: usize, host_limits: bool) {
         }
     }
     dev.set_host_space(None);
-    let db = open(&dev, &opts());
+    let db = open(&dev, &opts(durability));
     check(&db, &mut oracles, &format!("seed {seed} at the end"));
     let written: usize = oracles.iter().map(|o| o.len()).sum();
     assert!(written > 30, "seed {seed}: only {written} keys written");
@@ -209,7 +247,21 @@ fn cycles(seed: u64, n: usize, host_limits: bool) {
 #[test]
 fn concurrent_writers_with_power_cuts_lose_nothing_acknowledged() {
     for seed in 0..4 {
-        cycles(seed, 12, false);
+        cycles(seed, 12, Durability::Sync, false);
+    }
+}
+
+/// The same under `interval` durability: what a writer's own `Db::sync`
+/// covered must survive, later writes may.
+#[test]
+fn concurrent_writers_under_interval_keep_what_each_sync_covered() {
+    for seed in 20..24 {
+        cycles(
+            seed,
+            12,
+            Durability::Interval(Duration::from_millis(50)),
+            false,
+        );
     }
 }
 
@@ -218,7 +270,7 @@ fn concurrent_writers_with_power_cuts_lose_nothing_acknowledged() {
 #[test]
 fn concurrent_writers_with_a_filling_host_and_power_cuts_lose_nothing_acknowledged() {
     for seed in 10..14 {
-        cycles(seed, 12, true);
+        cycles(seed, 12, Durability::Sync, true);
     }
     assert!(
         REFUSED.load(Ordering::Relaxed) > 0,
