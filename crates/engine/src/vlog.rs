@@ -960,7 +960,6 @@ impl ValueLog {
         }
     }
 
-    /// Forgets a reclaimed segment.
     /// Holds back the write-behind while the guard lives, so sealed chunks
     /// stay in memory (tests of what a crash loses).
     #[cfg(test)]
@@ -977,6 +976,7 @@ impl ValueLog {
             .is_none_or(|m| m.gen != ptr.gen)
     }
 
+    /// Forgets a reclaimed segment.
     pub fn remove_segment(&self, seg: SegmentId) {
         self.segs.write().remove(&seg);
     }
