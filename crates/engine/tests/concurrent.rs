@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::*;
 use engine::flash::{LossMode, NandDevice};
-use engine::{BatchOp, Db, Durability, Options};
+use engine::{Db, Durability, Options};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -110,14 +110,7 @@ fn writer(
                 })
                 .collect(),
         };
-        let batch: Vec<BatchOp> = ops
-            .iter()
-            .map(|(k, v)| match v {
-                Some(v) => BatchOp::Put(key(*k).into(), v.clone().into()),
-                None => BatchOp::Delete(key(*k).into()),
-            })
-            .collect();
-        match db.write_batch(&batch) {
+        match db.write_batch(&batch_ops(&ops)) {
             Ok(()) => {
                 written += 1;
                 for (k, v) in &ops {

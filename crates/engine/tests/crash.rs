@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use engine::flash::LossMode;
-use engine::{BatchOp, Db, Durability, Options};
+use engine::{Db, Durability, Options};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -48,16 +48,7 @@ fn execute(db: &Db, op: &Op) -> engine::Result<()> {
     match op {
         Op::Put(k, v) => db.put(&key(*k), v),
         Op::Delete(k) => db.delete(&key(*k)),
-        Op::Batch(items) => {
-            let ops: Vec<BatchOp> = items
-                .iter()
-                .map(|(k, v)| match v {
-                    Some(v) => BatchOp::Put(key(*k).into(), v.clone().into()),
-                    None => BatchOp::Delete(key(*k).into()),
-                })
-                .collect();
-            db.write_batch(&ops)
-        }
+        Op::Batch(items) => db.write_batch(&batch_ops(items)),
     }
 }
 

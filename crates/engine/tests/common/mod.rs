@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use engine::flash::{Device, LossMode, NandConfig, NandDevice};
-use engine::{Db, Options};
+use engine::{BatchOp, Db, Options};
 
 /// A small emulated NAND device: 4 KiB pages, `mib` MiB.
 pub fn nand(mib: u64, loss: LossMode) -> Arc<NandDevice> {
@@ -72,6 +72,17 @@ pub fn value_for(key: u32, version: u64, len: usize) -> Vec<u8> {
 /// Key bytes for a key number.
 pub fn key(k: u32) -> Vec<u8> {
     format!("key{k:06}").into_bytes()
+}
+
+/// A write batch of puts (`Some(value)`) and deletes (`None`) of key numbers.
+pub fn batch_ops(items: &[(u32, Option<Vec<u8>>)]) -> Vec<BatchOp> {
+    items
+        .iter()
+        .map(|(k, v)| match v {
+            Some(v) => BatchOp::Put(key(*k).into(), v.clone().into()),
+            None => BatchOp::Delete(key(*k).into()),
+        })
+        .collect()
 }
 
 /// A test device of either backend; `open` opens a Db on it (the file
