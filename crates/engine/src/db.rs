@@ -935,18 +935,7 @@ impl DbInner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flash::{LossMode, NandConfig, NandDevice};
-
-    /// A store with the test options on a 16 MiB emulated NAND device.
-    fn small_db() -> Db {
-        let dev = NandDevice::new(NandConfig {
-            page_size: 4096,
-            capacity: 16 << 20,
-            loss: LossMode::AllUnsynced,
-            ..NandConfig::default()
-        });
-        Db::open(dev, Options::small_for_tests()).expect("open")
-    }
+    use crate::test_support::small_db;
 
     /// Stats (INFO, /metrics) must not wait for background maintenance,
     /// which holds its lock through whole flush, GC and compaction rounds.

@@ -197,24 +197,17 @@ enum Liveness {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use flash::{LossMode, NandConfig, NandDevice};
 
     use super::Liveness;
+    use crate::test_support::small_db;
     use crate::types::{Kind, SeqNo};
-    use crate::{Db, Options};
 
     /// While a newer version's batch is being appended (in the memtable,
     /// not yet visible), the visible version is what reads and new
     /// snapshots resolve to: GC must keep it.
     #[test]
     fn a_version_hidden_only_by_an_invisible_one_is_live() {
-        let dev = NandDevice::new(NandConfig {
-            page_size: 4096,
-            capacity: 16 << 20,
-            loss: LossMode::AllUnsynced,
-            ..NandConfig::default()
-        });
-        let db = Db::open(dev, Options::small_for_tests()).expect("open");
+        let db = small_db();
         db.put(b"k", b"visible").expect("put");
         let inner = &db.inner;
         let e = inner.lookup(b"k", SeqNo::MAX).unwrap().expect("entry");

@@ -29,6 +29,8 @@ mod record;
 mod recovery;
 mod segreader;
 mod stats;
+#[cfg(test)]
+mod test_support;
 mod types;
 mod version;
 mod vlog;

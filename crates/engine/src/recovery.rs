@@ -481,18 +481,10 @@ impl ScratchReader {
 mod tests {
     use std::sync::Arc;
 
-    use flash::{LossMode, NandConfig, NandDevice};
+    use flash::{NandDevice, SegmentId};
 
+    use crate::test_support::nand_device as device;
     use crate::{Db, Durability, Options};
-
-    fn device() -> Arc<NandDevice> {
-        NandDevice::new(NandConfig {
-            page_size: 4096,
-            capacity: 16 << 20,
-            loss: LossMode::AllUnsynced,
-            ..NandConfig::default()
-        })
-    }
 
     /// Test options with a memtable large enough that nothing is flushed
     /// unless a test asks: what these tests write stays in the log tail.
@@ -520,6 +512,53 @@ mod tests {
         Db::open(dev.clone(), opts(Durability::Sync)).expect("reopen")
     }
 
+    /// Puts keys `n, n + 1, ...` until the log switches to a new segment;
+    /// returns the next key number.
+    fn fill_until_the_log_switches(db: &Db, mut n: u32) -> u32 {
+        let first = db.inner.vlog.current_segment();
+        while db.inner.vlog.current_segment() == first {
+            db.put(&key(n), &value(n, 1)).expect("put");
+            n += 1;
+        }
+        n
+    }
+
+    /// Writes a checkpoint now, as flush, compaction and GC do.
+    fn checkpoint_now(db: &Db) {
+        let mut st = db.inner.maint.lock();
+        db.inner.checkpoint(&mut st).expect("checkpoint");
+    }
+
+    /// The current log segment and its epoch.
+    fn current_segment(db: &Db) -> (SegmentId, u64) {
+        let seg = db.inner.vlog.current_segment();
+        (seg, db.inner.vlog.segments()[&seg].epoch)
+    }
+
+    /// After recovery, `seg` (of log epoch `epoch`) is no longer a log
+    /// segment and no segment counts more live bytes than it holds.
+    fn assert_dropped_from_the_log(db: &Db, (seg, epoch): (SegmentId, u64)) {
+        let segs = db.inner.vlog.segments();
+        assert!(
+            segs.get(&seg).is_none_or(|m| m.epoch != epoch),
+            "segment {seg}, past the end of the log, is still a log segment"
+        );
+        for (seg, m) in &segs {
+            assert!(m.live_bytes <= m.written_bytes, "segment {seg}: {m:?}");
+        }
+    }
+
+    /// Overwrites keys `0..n` (making their old segments garbage), flushes
+    /// and runs GC, which must only scan records the log holds. Returns the
+    /// segments cleaned.
+    fn overwrite_and_gc(db: &Db, n: u32) -> usize {
+        for i in 0..n {
+            db.put(&key(i), &value(i, 2)).expect("put");
+        }
+        db.flush().expect("flush");
+        db.gc().expect("gc scans only what the log holds")
+    }
+
     /// A checkpoint reads the value log's segment list a moment before the
     /// flash store snapshots its segment table. When the writer switches to
     /// a new log segment in between, the checkpoint shows that segment Used
@@ -536,11 +575,7 @@ mod tests {
             let st = db.inner.maint.lock();
             db.inner.manifest(&st)
         };
-        let first = db.inner.vlog.current_segment();
-        while db.inner.vlog.current_segment() == first {
-            db.put(&key(n), &value(n, 1)).expect("put");
-            n += 1;
-        }
+        n = fill_until_the_log_switches(&db, n);
         // The checkpoint the race produces: the new segment is in the table,
         // not in the manifest.
         db.inner.flash.sync().expect("sync");
@@ -573,34 +608,14 @@ mod tests {
         // From here the log stays in memory: the switch to a new segment,
         // then a checkpoint that lists it.
         let held = db.inner.vlog.hold_writes();
-        let first = db.inner.vlog.current_segment();
-        let mut n = 1;
-        while db.inner.vlog.current_segment() == first {
-            db.put(&key(n), &value(n, 1)).expect("put");
-            n += 1;
-        }
-        let lost = db.inner.vlog.current_segment();
-        let lost_epoch = db.inner.vlog.segments()[&lost].epoch;
-        {
-            let mut st = db.inner.maint.lock();
-            db.inner.checkpoint(&mut st).expect("checkpoint");
-        }
+        let n = fill_until_the_log_switches(&db, 1);
+        let lost = current_segment(&db);
+        checkpoint_now(&db);
         dev.cut_power_now();
         drop(held);
         let db = power_cut(&dev, db);
-        let segs = db.inner.vlog.segments();
-        assert!(
-            segs.get(&lost).is_none_or(|m| m.epoch != lost_epoch),
-            "segment {lost}, past the end of the log, is still a log segment"
-        );
-        for (seg, m) in &segs {
-            assert!(m.live_bytes <= m.written_bytes, "segment {seg}: {m:?}");
-        }
-        for i in 0..n {
-            db.put(&key(i), &value(i, 2)).expect("put");
-        }
-        db.flush().expect("flush");
-        db.gc().expect("gc scans only what the log holds");
+        assert_dropped_from_the_log(&db, lost);
+        overwrite_and_gc(&db, n);
     }
 
     /// The LINK to a new log segment and that segment's first page are
@@ -613,38 +628,21 @@ mod tests {
         let dev = device();
         let db = Db::open(dev.clone(), opts(Durability::None)).expect("open");
         let held = db.inner.vlog.hold_writes();
-        let first = db.inner.vlog.current_segment();
-        let mut n = 0;
-        while db.inner.vlog.current_segment() == first {
-            db.put(&key(n), &value(n, 1)).expect("put");
-            n += 1;
-        }
-        let lost = db.inner.vlog.current_segment();
-        let lost_epoch = db.inner.vlog.segments()[&lost].epoch;
+        let n = fill_until_the_log_switches(&db, 0);
+        let lost = current_segment(&db);
         drop(held);
         // Everything up to the LINK is written and synced; the new
         // segment's page (its header and the last put) is still in memory.
         db.inner.vlog.write_pending(true).expect("write");
         db.inner.flash.sync().expect("sync");
-        {
-            let mut st = db.inner.maint.lock();
-            db.inner.checkpoint(&mut st).expect("checkpoint");
-        }
+        checkpoint_now(&db);
         let db = power_cut(&dev, db);
-        let segs = db.inner.vlog.segments();
-        assert!(
-            segs.get(&lost).is_none_or(|m| m.epoch != lost_epoch),
-            "segment {lost}, whose header was lost, is still a log segment"
-        );
+        assert_dropped_from_the_log(&db, lost);
         for i in 0..n - 1 {
             let got = db.get(&key(i)).expect("get");
             assert_eq!(got.as_deref(), Some(&value(i, 1)[..]), "key {i}");
         }
-        for i in 0..n {
-            db.put(&key(i), &value(i, 2)).expect("put");
-        }
-        db.flush().expect("flush");
-        db.gc().expect("gc scans only what the log holds");
+        overwrite_and_gc(&db, n);
     }
 
     /// A manifest counts the bytes appended to the current log segment,
@@ -666,10 +664,7 @@ mod tests {
         }
         let seg = db.inner.vlog.current_segment();
         let counted = db.inner.vlog.segments()[&seg].written_bytes;
-        {
-            let mut st = db.inner.maint.lock();
-            db.inner.checkpoint(&mut st).expect("checkpoint");
-        }
+        checkpoint_now(&db);
         let db = power_cut(&dev, db);
         let found = db.inner.vlog.segments()[&seg].written_bytes;
         assert!(
@@ -679,12 +674,7 @@ mod tests {
         for i in 8..11 {
             assert_eq!(db.get(&key(i)).expect("get"), None, "unsynced key {i}");
         }
-        // Make the old segment garbage and clean it.
-        for i in 0..8 {
-            db.put(&key(i), &value(i, 2)).expect("put");
-        }
-        db.flush().expect("flush");
-        assert!(db.gc().expect("gc scans only durable records") > 0);
+        assert!(overwrite_and_gc(&db, 8) > 0, "the old segment was cleaned");
         db.flush().expect("flush");
         for i in 0..8 {
             let got = db.get(&key(i)).expect("get");

@@ -1,0 +1,23 @@
+//! Helpers shared by the engine's unit tests.
+
+use std::sync::Arc;
+
+use flash::{LossMode, NandConfig, NandDevice};
+
+use crate::{Db, Options};
+
+/// A 16 MiB emulated NAND device with 4 KiB pages; a power cut loses every
+/// unsynced page.
+pub(crate) fn nand_device() -> Arc<NandDevice> {
+    NandDevice::new(NandConfig {
+        page_size: 4096,
+        capacity: 16 << 20,
+        loss: LossMode::AllUnsynced,
+        ..NandConfig::default()
+    })
+}
+
+/// A store with the test options on a fresh [`nand_device`].
+pub(crate) fn small_db() -> Db {
+    Db::open(nand_device(), Options::small_for_tests()).expect("open")
+}
