@@ -405,31 +405,32 @@ fn follow_link(
     next_epoch: u64,
     segs: &mut BTreeMap<SegmentId, SegMeta>,
 ) -> Result<Option<SegMeta>> {
-    let listed = segs.get(&next).copied();
-    // A segment the checkpoint shows Free was allocated after it and is
-    // claimed below. One it shows Used as a log segment, though its
-    // manifest does not list it, was allocated while that checkpoint was
-    // taken: the manifest's list of log segments was read a moment before
-    // the segment table, and a writer switched segments in between. Its
-    // erase count already counts that allocation.
-    let mut used_gen = None;
-    match listed {
+    // What the segment is once its header checks out: the manifest's entry;
+    // for a segment the checkpoint shows Free (allocated after it), nothing
+    // yet: it is claimed below; and for one the checkpoint shows Used as a
+    // log segment though its manifest does not list it, a new entry. That
+    // one was allocated while the checkpoint was taken: the manifest's list
+    // of log segments was read a moment before the segment table, and a
+    // writer switched segments in between. Its erase count already counts
+    // that allocation.
+    let known = match segs.get(&next) {
         Some(m) if m.epoch != next_epoch => return Ok(None),
-        Some(_) => {}
-        None => {
-            let info = match flash.segment_info(next) {
-                Ok(i) => i,
-                Err(_) => return Ok(None),
-            };
-            match info.state {
-                SegmentState::Free => {}
-                SegmentState::Used if info.kind == crate::vlog::SEGMENT_KIND_LOG => {
-                    used_gen = Some(info.erase_count);
-                }
-                _ => return Ok(None),
+        Some(m) => Some(*m),
+        None => match flash.segment_info(next) {
+            Ok(info) if info.state == SegmentState::Free => None,
+            Ok(info)
+                if info.state == SegmentState::Used
+                    && info.kind == crate::vlog::SEGMENT_KIND_LOG =>
+            {
+                Some(SegMeta {
+                    epoch: next_epoch,
+                    gen: info.erase_count,
+                    ..SegMeta::default()
+                })
             }
-        }
-    }
+            _ => return Ok(None),
+        },
+    };
     let mut reader = reader_log.reader(next);
     let Some(h) = record::Header::parse(reader.window(0, HEADER_LEN)?) else {
         return Ok(None);
@@ -445,22 +446,17 @@ fn follow_link(
     if !ok {
         return Ok(None);
     }
-    let header_end = h.record_len() as u64;
-    let meta = match listed {
-        Some(m) => SegMeta {
-            written_bytes: header_end,
-            ..m
-        },
+    let base = match known {
+        Some(m) => m,
         None => SegMeta {
             epoch: next_epoch,
-            gen: match used_gen {
-                Some(gen) => gen,
-                None => flash.claim(next, crate::vlog::SEGMENT_KIND_LOG)?,
-            },
-            live_bytes: 0,
-            written_bytes: header_end,
-            sealed: false,
+            gen: flash.claim(next, crate::vlog::SEGMENT_KIND_LOG)?,
+            ..SegMeta::default()
         },
+    };
+    let meta = SegMeta {
+        written_bytes: h.record_len() as u64,
+        ..base
     };
     segs.insert(next, meta);
     Ok(Some(meta))
