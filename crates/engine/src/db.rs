@@ -639,7 +639,7 @@ impl DbInner {
     /// read resolves to is never one it dropped. Loaded before, a flush in
     /// between could drop the only version at or below it, and the key
     /// would read as missing.
-    fn read_view(&self, at: Option<SeqNo>) -> (Arc<SuperVersion>, SeqNo) {
+    pub(crate) fn read_view(&self, at: Option<SeqNo>) -> (Arc<SuperVersion>, SeqNo) {
         let sv = self.sv.read().clone();
         let seq = at.unwrap_or_else(|| self.visible_seq.load(Ordering::Acquire));
         (sv, seq)

@@ -19,6 +19,7 @@ mod cache;
 mod db;
 mod error;
 mod gc;
+mod getsplit;
 mod iter;
 mod keytable;
 mod maint;
@@ -37,6 +38,7 @@ mod vlog;
 
 pub use db::{BatchOp, Db, Snapshot};
 pub use error::{Error, Result};
+pub use getsplit::{GetStart, PendingGet};
 pub use options::{Durability, Options};
 pub use stats::Stats;
 pub use types::SeqNo;

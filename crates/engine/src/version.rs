@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::bloom::Bloom;
 use crate::cache::BlockCache;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keytable::{Block, KeytableIndex};
 use crate::types::{Entry, SeqNo};
 
@@ -129,27 +129,64 @@ impl Keytable {
         Ok(b)
     }
 
-    /// The newest version of `key` at or below `seq` in this keytable.
-    pub fn get(&self, key: &[u8], hash: u64, seq: SeqNo, ctx: &ReadCtx) -> Result<Option<Entry>> {
+    /// Block `i` as `source` allows: `None` when it is not cached and the
+    /// device may not be read.
+    fn block_from(&self, i: usize, ctx: &ReadCtx, source: Source) -> Result<Option<Arc<Block>>> {
+        match source {
+            Source::CacheOrDevice => self.block(i, ctx).map(Some),
+            Source::CacheOnly => Ok(ctx.cache.get(self.id, i as u32)),
+        }
+    }
+
+    /// The newest version of `key` at or below `seq` in this keytable,
+    /// reading its blocks as `source` allows.
+    fn probe(
+        &self,
+        key: &[u8],
+        hash: u64,
+        seq: SeqNo,
+        ctx: &ReadCtx,
+        source: Source,
+    ) -> Result<Probe> {
         if self.use_bloom.load(Ordering::Relaxed) && !self.index.bloom.may_contain(hash) {
-            return Ok(None);
+            return Ok(Probe::Found(None));
         }
         let Some(mut bi) = self.index.find_block(key) else {
-            return Ok(None);
+            return Ok(Probe::Found(None));
         };
         loop {
-            let block = self.block(bi, ctx)?;
+            let Some(block) = self.block_from(bi, ctx, source)? else {
+                return Ok(Probe::NeedsRead);
+            };
             let i = block.seek(key, seq);
             if i < block.len() {
-                return Ok((block.key(i) == key).then(|| block.entry(i)));
+                return Ok(Probe::Found((block.key(i) == key).then(|| block.entry(i))));
             }
             bi += 1;
             match self.index.blocks.get(bi) {
                 Some(next) if next.first_key.as_ref() == key => continue,
-                _ => return Ok(None),
+                _ => return Ok(Probe::Found(None)),
             }
         }
     }
+}
+
+/// Where a lookup may take keytable blocks from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The cache, else the device.
+    CacheOrDevice,
+    /// The cache only: a lookup that must not wait for the device.
+    CacheOnly,
+}
+
+/// Outcome of a lookup.
+#[derive(Debug)]
+pub enum Probe {
+    /// The newest entry at or below the sequence number, if any.
+    Found(Option<Entry>),
+    /// A block it needs is not cached ([`Source::CacheOnly`] only).
+    NeedsRead,
 }
 
 /// An immutable set of levels. `levels[0]` is L1.
@@ -162,18 +199,30 @@ pub struct Version {
 impl Version {
     /// The newest version of `key` at or below `seq` in the levels.
     pub fn get(&self, key: &[u8], seq: SeqNo, ctx: &ReadCtx) -> Result<Option<Entry>> {
+        match self.probe(key, seq, ctx, Source::CacheOrDevice)? {
+            Probe::Found(e) => Ok(e),
+            // A lookup that may read the device never stops for a block.
+            Probe::NeedsRead => Err(Error::Corrupt(
+                "keytable lookup stopped for a block it may read".into(),
+            )),
+        }
+    }
+
+    /// [`Version::get`], reading keytable blocks as `source` allows.
+    pub fn probe(&self, key: &[u8], seq: SeqNo, ctx: &ReadCtx, source: Source) -> Result<Probe> {
         let hash = Bloom::hash(key);
         for level in &self.levels {
             let i = level.partition_point(|kt| kt.index.largest.as_ref() < key);
             if let Some(kt) = level.get(i) {
                 if kt.index.smallest.as_ref() <= key {
-                    if let Some(e) = kt.get(key, hash, seq, ctx)? {
-                        return Ok(Some(e));
+                    match kt.probe(key, hash, seq, ctx, source)? {
+                        Probe::Found(None) => {}
+                        found => return Ok(found),
                     }
                 }
             }
         }
-        Ok(None)
+        Ok(Probe::Found(None))
     }
 
     /// Keytable bytes in level `i` (0 = L1).

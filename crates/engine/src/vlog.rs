@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use flash::{AlignedBuf, FlashStore, SegmentId, READ_ALIGN};
+use flash::{AlignedBuf, DirectRead, FlashStore, SegmentId, READ_ALIGN};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
@@ -173,6 +173,27 @@ const MAX_READ_GAP: u64 = 4096;
 
 /// Room an aligned value's `PAD` record may take before its record.
 const MAX_ALIGN_PAD: usize = 2 * VALUE_ALIGN + HEADER_LEN;
+
+/// How a value read proceeds without waiting (see [`ValueLog::start_read`]).
+pub enum ValueStart {
+    /// The value, read already.
+    Ready(Bytes),
+    /// Run this device read, then [`ValueLog::finish_read`].
+    Device(PendingValue, DirectRead),
+    /// Only a read that may wait gets it ([`ValueLog::read_value`]).
+    Blocking,
+}
+
+/// A value whose device read is running: where in the read it lies.
+#[derive(Debug)]
+pub struct PendingValue {
+    /// The value's pointer (for the checksum and a retry after GC).
+    pub ptr: ValuePtr,
+    /// Bytes of the read before the value.
+    skip: usize,
+    /// The value's length.
+    len: usize,
+}
 
 /// Largest record the log accepts (must fit in one segment with its framing
 /// and alignment pad).
@@ -813,6 +834,50 @@ impl ValueLog {
             }
         }
         Ok(out.into_iter().map(|v| v.unwrap_or_default()).collect())
+    }
+
+    /// Starts the read of the value of the PUT record at `ptr` (whose key
+    /// is `key`) without waiting: the value itself when it is empty, a
+    /// device read to run (then [`ValueLog::finish_read`]) when it is wholly
+    /// on the device and the device can read it directly, else
+    /// [`ValueStart::Blocking`]: use [`ValueLog::read_value`].
+    pub fn start_read(&self, ptr: ValuePtr, key: &[u8]) -> Result<ValueStart> {
+        let epoch = self.epoch_of(ptr)?;
+        let (start, end) = self.extent_of(ptr, key)?;
+        if start == end {
+            return Ok(ValueStart::Ready(Self::verified(Bytes::new(), ptr)?));
+        }
+        let on_device = epoch < self.on_device_below.load(Ordering::Acquire)
+            || end <= Self::memory_tail_start(&self.inner.lock(), ptr.seg);
+        if !on_device {
+            return Ok(ValueStart::Blocking);
+        }
+        let align = READ_ALIGN as u64;
+        let (a, z) = (start / align * align, end.div_ceil(align) * align);
+        Ok(
+            match self.flash.direct_read(ptr.seg, a, (z - a) as usize)? {
+                Some(read) => ValueStart::Device(
+                    PendingValue {
+                        ptr,
+                        skip: (start - a) as usize,
+                        len: (end - start) as usize,
+                    },
+                    read,
+                ),
+                None => ValueStart::Blocking,
+            },
+        )
+    }
+
+    /// The value that `read`, started by [`ValueLog::start_read`] for
+    /// `pending` and completed successfully, brought in, checked against
+    /// its checksum (a mismatch also when GC reclaimed the segment
+    /// meanwhile: see [`ValueLog::is_reclaimed`]).
+    pub fn finish_read(pending: PendingValue, read: DirectRead) -> Result<Bytes> {
+        let PendingValue { ptr, skip, len } = pending;
+        // A slice of the read buffer, not a copy.
+        let raw = Bytes::from_owner(read.into_buf()).slice(skip..skip + len);
+        Self::verified(raw, ptr)
     }
 
     /// Where the part of segment `seg` still held in memory (sealed chunks

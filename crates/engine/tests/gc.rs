@@ -167,8 +167,17 @@ fn lazy_gc_waits_for_cheap_segments_while_space_is_roomy() {
 /// missing key or another key's bytes.
 #[test]
 fn reads_racing_value_gc_find_the_relocated_values() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    for dev in TestDevice::both(16) {
+        reads_racing_value_gc(&dev);
+    }
+}
+
+/// On the file device, a fourth kind of read is the split GET the node's
+/// network thread uses (the value read on an io_uring queue, then checked).
+fn reads_racing_value_gc(dev: &TestDevice) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
+    use std::time::Duration;
 
     const KEYS: u32 = 64;
     const LEN: usize = 2000;
@@ -186,23 +195,36 @@ fn reads_racing_value_gc_find_the_relocated_values() {
         Ok(())
     }
 
-    let dev = nand(16, LossMode::AllUnsynced);
     let mut opts = small_opts();
     opts.gc_live_threshold = 0.0; // only the explicit passes below
-    let db = Arc::new(open(&dev, &opts));
+    let db = Arc::new(dev.open(&opts));
+    let split = engine::flash::io_uring_available() && dev.name() == "file";
+    let split_reads = Arc::new(AtomicU64::new(0));
     for k in 0..KEYS {
         db.put(&key(k), &tagged(k, 0)).expect("put");
     }
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..2u64)
         .map(|r| {
-            let (db, stop) = (db.clone(), stop.clone());
+            let (db, stop, split_reads) = (db.clone(), stop.clone(), split_reads.clone());
             std::thread::spawn(move || -> Result<u64, String> {
                 let mut rng = SmallRng::seed_from_u64(100 + r);
+                let mut queue = engine::flash::ReadQueue::new(4).ok().filter(|_| split);
                 let mut reads = 0;
                 while !stop.load(Ordering::Relaxed) {
                     let k = rng.gen_range(0..KEYS - 8);
-                    match reads % 3 {
+                    match reads % 4 {
+                        3 if queue.is_some() => {
+                            let queue = queue.as_mut().ok_or("no queue")?;
+                            // Up to 2 ms between lookup and read: GC may
+                            // release and reuse the value's segment meanwhile.
+                            let pause = Duration::from_micros(rng.gen_range(0..2000));
+                            let (v, on_queue) =
+                                split_get(&db, queue, &key(k), || std::thread::sleep(pause))
+                                    .map_err(|e| format!("split get: {e}"))?;
+                            split_reads.fetch_add(u64::from(on_queue), Ordering::Relaxed);
+                            check(k, v)?;
+                        }
                         0 => check(k, db.get(&key(k)).map_err(|e| format!("get: {e}"))?)?,
                         1 => {
                             let keys: Vec<Vec<u8>> = (k..k + 4).map(key).collect();
@@ -289,4 +311,12 @@ fn reads_racing_value_gc_find_the_relocated_values() {
         .expect("a snapshot read racing GC failed");
     assert!(views > 0, "no snapshot was checked");
     assert!(db.stats().gc_segments_reclaimed > 20, "{:?}", db.stats());
+    if split {
+        let n = split_reads.load(Ordering::Relaxed);
+        assert!(
+            n > 20,
+            "{}: only {n} split GETs read the device",
+            dev.name()
+        );
+    }
 }

@@ -2,6 +2,7 @@
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
+use std::os::fd::RawFd;
 use std::ptr::NonNull;
 
 use crate::error::{FlashError, Result};
@@ -38,6 +39,15 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+    /// A descriptor on which a read of `len` bytes at `offset` (the rules of
+    /// [`Device::read_at`]) may be issued straight into an [`AlignedBuf`] by
+    /// a [`crate::ReadQueue`]: `None` (the default) when the device has no
+    /// such descriptor or cannot read that range that way.
+    fn read_fd(&self, _offset: u64, _len: usize) -> Option<RawFd> {
+        None
+    }
+    /// Counts a read that completed on [`Device::read_fd`]'s descriptor.
+    fn note_read(&self, _offset: u64, _len: usize) {}
 }
 
 /// Checks the [`Device::read_at`] argument rules against a device of `capacity` bytes.

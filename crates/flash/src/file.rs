@@ -40,6 +40,11 @@ const BLKDISCARD: libc::c_ulong = 0x1277;
 pub struct FileDevice {
     /// Shared descriptor; holds the exclusive `flock` for the device's lifetime.
     file: Arc<File>,
+    /// A second, read-only descriptor of the same file for io_uring reads.
+    /// A read in flight keeps its file open until it completes, even after
+    /// the process died (the kernel tears a ring down asynchronously), and
+    /// that must not keep `file`'s lock from a node restarted at once.
+    ring_file: File,
     path: PathBuf,
     /// Bytes; a multiple of `page_size`.
     capacity: u64,
@@ -112,10 +117,12 @@ impl FileDevice {
             direct = false;
         }
         lock_exclusive(&file, path)?;
+        let ring_file = open_reader(path, direct)?;
         let ps = u64::from(page_size);
         let stripe = (STRIPE_BYTES / page_size as usize).max(1) * page_size as usize;
         Ok(Arc::new(FileDevice {
             file: Arc::new(file),
+            ring_file,
             path: path.to_path_buf(),
             capacity: size / ps * ps,
             page_size,
@@ -307,6 +314,17 @@ fn free_bytes(fd: i32) -> Result<u64> {
     Ok(blocks.saturating_mul(size))
 }
 
+/// Opens `path` read-only (the descriptor io_uring reads use), with
+/// O_DIRECT when the main descriptor has it.
+fn open_reader(path: &Path, direct: bool) -> std::io::Result<File> {
+    let mut opts = OpenOptions::new();
+    opts.read(true);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    opts.open(path)
+}
+
 /// Opens `path` read-write, optionally creating it and requesting O_DIRECT.
 fn open_file(path: &Path, create: bool, direct: bool) -> std::io::Result<File> {
     let mut opts = OpenOptions::new();
@@ -475,6 +493,19 @@ impl Device for FileDevice {
         }
         self.read_many_pooled(reqs)
     }
+
+    fn read_fd(&self, offset: u64, len: usize) -> Option<std::os::fd::RawFd> {
+        check_read(self.capacity, offset, len).ok()?;
+        let whole_blocks = offset.is_multiple_of(IO_ALIGN as u64) && len.is_multiple_of(IO_ALIGN);
+        let readable = !self.direct || whole_blocks || self.sub_block_reads.load(Ordering::Relaxed);
+        readable.then(|| self.ring_file.as_raw_fd())
+    }
+
+    fn note_read(&self, offset: u64, len: usize) {
+        let len = len as u64;
+        self.counters
+            .record_read(pages_touched(offset, len, self.page_size), len);
+    }
 }
 
 impl FileDevice {
@@ -502,7 +533,7 @@ impl FileDevice {
                 bounced.push((i, start, AlignedBuf::new_zeroed((end - start) as usize)));
             }
         }
-        let fd = self.file.as_raw_fd();
+        let fd = self.ring_file.as_raw_fd();
         let outcome = if bounced.is_empty() {
             crate::uring::read_batch(fd, reqs)?
         } else {

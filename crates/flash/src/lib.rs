@@ -8,7 +8,8 @@
 //! table and an opaque user blob (the engine's manifest) persisted atomically
 //! by checkpoints in two ping-pong slots behind a checksummed superblock.
 //! Everything above whole segments (what the bytes mean, which segments are
-//! live) belongs to the engine.
+//! live) belongs to the engine. A [`ReadQueue`] lets an event loop run
+//! store reads asynchronously on io_uring.
 
 #![deny(missing_docs)]
 
@@ -20,6 +21,7 @@ mod file;
 mod iopool;
 pub mod iotime;
 mod nand;
+mod readqueue;
 mod stats;
 mod store;
 mod superblock;
@@ -29,6 +31,7 @@ pub use device::{AlignedBuf, Device};
 pub use error::{FlashError, Result};
 pub use file::FileDevice;
 pub use nand::{LossMode, NandConfig, NandDevice};
+pub use readqueue::{DirectRead, ReadQueue};
 pub use stats::{DeviceCounters, FlashStats};
 pub use store::{FlashStore, FormatOptions, Geometry, SegmentInfo, SegmentState};
 pub use uring::io_uring_available;

@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 use crate::checkpoint::{self, HEADER_LEN};
 use crate::device::{AlignedBuf, Device};
 use crate::error::{FlashError, Result};
+use crate::readqueue::DirectRead;
 use crate::stats::FlashStats;
 use crate::superblock::Superblock;
 use crate::{SegmentId, IO_ALIGN, READ_ALIGN};
@@ -557,6 +558,22 @@ impl FlashStore {
     pub fn read(&self, seg: SegmentId, offset: u64, buf: &mut [u8]) -> Result<()> {
         let at = self.read_offset(seg, offset, buf.len())?;
         crate::iotime::timed(|| self.dev.read_at(at, buf))
+    }
+
+    /// A [`FlashStore::read`] of `len` bytes at byte `offset` of segment
+    /// `seg` to be run on a [`crate::ReadQueue`]; `None` when the device
+    /// cannot read that range that way (then use [`FlashStore::read`]).
+    pub fn direct_read(
+        &self,
+        seg: SegmentId,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<DirectRead>> {
+        let at = self.read_offset(seg, offset, len)?;
+        Ok(self
+            .dev
+            .read_fd(at, len)
+            .map(|fd| DirectRead::new(Arc::clone(&self.dev), fd, at, len)))
     }
 
     /// Several [`FlashStore::read`]s, issued in parallel when the device can.

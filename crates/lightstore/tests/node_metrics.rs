@@ -145,6 +145,65 @@ fn plain_sets_are_written_on_the_network_thread_under_interval_durability() {
     }
 }
 
+/// A lone GET whose value is on the device is answered on the network
+/// thread (its read on the io_uring queue), with the same bytes; GETs in a
+/// pipelined run still go to the executor pool and agree.
+#[test]
+fn lone_gets_are_read_on_the_network_thread() {
+    use node_support::{call, Resp};
+    use std::io::BufReader;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let value = |i: usize| -> Vec<u8> { (0..8192).map(|j| (i * 31 + j * 7) as u8).collect() };
+    const KEYS: usize = 40;
+    {
+        let mut n = Node::start_in(dir.path(), &[]).expect("node starts");
+        let mut conn = BufReader::new(n.connect());
+        for i in 0..KEYS {
+            let key = format!("key{i}");
+            let reply = call(&mut conn, &[b"SET", key.as_bytes(), &value(i)]);
+            assert_eq!(reply, Resp::Simple("OK".into()));
+        }
+        assert_eq!(
+            call(&mut conn, &[b"SET", b"empty", b""]),
+            Resp::Simple("OK".into())
+        );
+        n.terminate();
+        assert_eq!(n.wait_exit(Duration::from_secs(30)), Some(0));
+    }
+    // After a restart every value is on the device.
+    let n = Node::start_in(dir.path(), &[]).expect("node restarts");
+    let mut conn = BufReader::new(n.connect());
+    for i in 0..KEYS {
+        let key = format!("key{i}");
+        let got = call(&mut conn, &[b"GET", key.as_bytes()]);
+        assert_eq!(got, Resp::Bulk(value(i)), "key{i}");
+    }
+    assert_eq!(call(&mut conn, &[b"GET", b"empty"]), Resp::Bulk(Vec::new()));
+    assert_eq!(call(&mut conn, &[b"GET", b"missing"]), Resp::Nil);
+    let lone = KEYS as u64 + 2;
+    if engine::flash::io_uring_available() {
+        assert_eq!(info_field(&n, "stats", "net_gets"), Some(lone));
+    }
+    // A pipelined run of GETs goes to the pool (unless TCP splits it).
+    let mut pipelined = Vec::new();
+    for i in 0..KEYS {
+        pipelined.extend(node_support::encode(&[
+            b"GET",
+            format!("key{i}").as_bytes(),
+        ]));
+    }
+    std::io::Write::write_all(conn.get_mut(), &pipelined).expect("write");
+    for i in 0..KEYS {
+        let got = node_support::read_reply(&mut conn).expect("reply");
+        assert_eq!(got, Resp::Bulk(value(i)), "pipelined key{i}");
+    }
+    if engine::flash::io_uring_available() {
+        let net = info_field(&n, "stats", "net_gets").expect("net_gets");
+        assert!(net < lone + KEYS as u64, "every pipelined GET ran alone");
+    }
+}
+
 #[test]
 fn metrics_are_off_by_default() {
     let n = Node::start(&[]);

@@ -292,6 +292,13 @@ async fn run_on_executor(
     let all_sets = jobs
         .iter()
         .all(|(cmd, args)| *cmd == Cmd::Set && args.len() == 3);
+    if all_gets && jobs.len() == 1 {
+        if let Some(reads) = &state.net_reads {
+            if let Some(reply) = reads.get(state, &jobs[0].1[1]).await {
+                return Some((vec![reply], Duration::ZERO));
+            }
+        }
+    }
     if all_sets && jobs.len() <= MAX_INLINE_SETS && state.sets_may_run_inline {
         if let Some(replies) = crate::data::try_sets_inline(state, &jobs) {
             return Some((replies, Duration::ZERO));

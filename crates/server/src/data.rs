@@ -253,7 +253,7 @@ fn get_key((_, args): &(Cmd, Vec<Bytes>)) -> &[u8] {
 }
 
 /// A GET's reply.
-fn get_reply(value: Option<Bytes>) -> Reply {
+pub fn get_reply(value: Option<Bytes>) -> Reply {
     value.map_or(Reply::Null, Reply::Bulk)
 }
 

@@ -73,6 +73,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("total_commands_processed", &get(&c.commands));
             line("rejected_connections", &get(&c.rejected_connections));
             line("inline_sets", &get(&c.inline_sets));
+            line("net_gets", &get(&c.net_gets));
             for ((_, name, _), calls) in COMMANDS.iter().zip(&c.calls) {
                 let n = get(calls);
                 if n > 0 {

@@ -8,7 +8,9 @@
 //! on device reads and group-commit syncs; the engine has its own background
 //! threads. One exception: a lone plain SET that the engine can take without
 //! waiting (not `sync` durability, no write throttling) is written on the
-//! network thread, saving the two thread hand-offs that dominate its cost.
+//! network thread, saving the two thread hand-offs that dominate its cost;
+//! likewise a lone GET whose lookup needs no device read has its value read
+//! on an io_uring queue that the network thread polls (`netread`).
 //! A connection parses every complete request it has (pipelining),
 //! hands them to the pool as one job, writes all replies and only then reads
 //! again.
@@ -25,6 +27,7 @@ mod glob;
 mod info;
 mod metrics;
 mod metrics_http;
+mod netread;
 mod node;
 mod prom;
 mod session;

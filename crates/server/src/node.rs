@@ -142,7 +142,12 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         tracing::warn!("{msg}");
         eprintln!("WARNING: {msg}");
     }
-    let state = Arc::new(NodeState::new(db, config.clone(), limits, addr.port()));
+    let mut state = NodeState::new(db, config.clone(), limits, addr.port());
+    state.net_reads = {
+        let _guard = runtime.enter();
+        crate::netread::NetReads::start()
+    };
+    let state = Arc::new(state);
     let unix_note = config
         .unix_socket
         .as_ref()

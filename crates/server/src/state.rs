@@ -24,6 +24,8 @@ pub struct Counters {
     pub commands: AtomicU64,
     /// Plain SETs the network thread wrote itself (no executor hand-off).
     pub inline_sets: AtomicU64,
+    /// GETs answered on the network thread (no executor hand-off).
+    pub net_gets: AtomicU64,
     /// Calls per entry of [`COMMANDS`].
     pub calls: Vec<AtomicU64>,
 }
@@ -36,6 +38,7 @@ impl Counters {
             clients: AtomicUsize::new(0),
             commands: AtomicU64::new(0),
             inline_sets: AtomicU64::new(0),
+            net_gets: AtomicU64::new(0),
             calls: COMMANDS.iter().map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -74,6 +77,8 @@ pub struct NodeState {
     /// Whether plain SETs may be written on the network thread: not under
     /// `sync` durability, where every write waits for a device sync.
     pub sets_may_run_inline: bool,
+    /// The network thread's read queue for GETs, where io_uring works.
+    pub net_reads: Option<std::sync::Arc<crate::netread::NetReads>>,
 }
 
 impl NodeState {
@@ -93,6 +98,7 @@ impl NodeState {
             started: Instant::now(),
             shutdown: tokio::sync::watch::channel(false).0,
             tcp_port,
+            net_reads: None,
         }
     }
 

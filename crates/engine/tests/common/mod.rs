@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use engine::flash::{Device, LossMode, NandConfig, NandDevice};
-use engine::{BatchOp, Db, Options};
+use engine::flash::{Device, DirectRead, LossMode, NandConfig, NandDevice, ReadQueue};
+use engine::{BatchOp, Db, GetStart, Options};
 
 /// A small emulated NAND device: 4 KiB pages, `mib` MiB.
 pub fn nand(mib: u64, loss: LossMode) -> Arc<NandDevice> {
@@ -133,4 +133,41 @@ impl TestDevice {
         };
         Db::open(dev, opts.clone()).expect("open")
     }
+}
+
+/// A GET through the split path ([`Db::try_get`], the value read on a
+/// [`ReadQueue`], [`Db::finish_get`]), falling back to [`Db::get`] as the
+/// node does; `pause` runs between the lookup and the read (a busy network
+/// thread, or a test widening the window for GC to race the read). Returns
+/// the value and whether the device read ran on the queue.
+pub fn split_get(
+    db: &Db,
+    queue: &mut ReadQueue<()>,
+    key: &[u8],
+    pause: impl FnOnce(),
+) -> engine::Result<(Option<bytes::Bytes>, bool)> {
+    let (pending, read) = match db.try_get(key)? {
+        GetStart::Done(v) => return Ok((v, false)),
+        GetStart::Blocking => return Ok((db.get(key)?, false)),
+        GetStart::Read(pending, read) => (pending, read),
+    };
+    pause();
+    if let Err((_, ())) = queue.submit(read, ()) {
+        return Ok((db.get(key)?, false));
+    }
+    let (_, read, outcome) = wait_one(queue);
+    match db.finish_get(pending, read, outcome) {
+        Some(v) => Ok((Some(v), true)),
+        None => Ok((db.get(key)?, false)),
+    }
+}
+
+/// Waits (at most 10 s) for the one read in flight on `queue`.
+pub fn wait_one<T>(queue: &mut ReadQueue<T>) -> (T, DirectRead, engine::flash::Result<()>) {
+    for _ in 0..1000 {
+        if let Some(done) = queue.reap_wait(std::time::Duration::from_millis(10)).pop() {
+            return done;
+        }
+    }
+    panic!("a read on the queue did not complete in 10 s");
 }

@@ -1,0 +1,474 @@
+//! Reads that complete while their caller does other work, for an event
+//! loop (the node's network thread) that serves many clients on one thread.
+//!
+//! A [`ReadQueue`] owns an io_uring ring whose completions signal an
+//! eventfd. The loop starts a read with [`ReadQueue::submit`] (one system
+//! call, no wait), watches [`ReadQueue::event_fd`] with its own poller, and
+//! collects finished reads with [`ReadQueue::reap`]. Compared with handing
+//! each read to a thread that blocks in `pread`, a read then costs no thread
+//! wake-ups and no context switches: on a small machine that is most of a
+//! random read's CPU cost outside the device itself.
+//!
+//! What is read is a [`DirectRead`], made by
+//! [`crate::FlashStore::direct_read`]: an aligned buffer, the device's
+//! descriptor and byte offset, and a handle that keeps the device (and so
+//! the descriptor) open until the read is finished.
+//!
+//! Invariant: from `submit` until `reap` returns it, the kernel may write
+//! into the read's buffer, so the queue owns it; dropping the queue first
+//! waits for every read in flight.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use io_uring::{opcode, types, IoUring, Probe};
+
+use crate::device::{AlignedBuf, Device};
+use crate::error::{FlashError, Result};
+
+/// A device read ready to be issued on a [`ReadQueue`].
+pub struct DirectRead {
+    /// Keeps the device, and so `fd`, open while the read is in flight.
+    dev: Arc<dyn Device>,
+    fd: RawFd,
+    /// Byte offset on the device.
+    offset: u64,
+    /// Bytes to read into the front of `buf`.
+    len: usize,
+    buf: AlignedBuf,
+}
+
+impl DirectRead {
+    /// A read of `len` bytes at device byte `offset` on `fd`, which `dev`
+    /// owns (see [`Device::read_fd`]).
+    pub(crate) fn new(dev: Arc<dyn Device>, fd: RawFd, offset: u64, len: usize) -> DirectRead {
+        DirectRead {
+            dev,
+            fd,
+            offset,
+            len,
+            buf: AlignedBuf::new_zeroed(len),
+        }
+    }
+
+    /// Bytes it reads.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it reads nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The buffer; its first [`DirectRead::len`] bytes hold what was read
+    /// once the queue reported the read complete and successful.
+    pub fn into_buf(self) -> AlignedBuf {
+        self.buf
+    }
+}
+
+impl std::fmt::Debug for DirectRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectRead")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// A read the queue is running, and what the caller attached to it.
+struct InFlight<T> {
+    read: DirectRead,
+    tag: T,
+}
+
+/// A ring of device reads that complete asynchronously (see the module doc).
+/// `T` is what the caller attaches to each read and gets back with it.
+pub struct ReadQueue<T> {
+    ring: IoUring,
+    /// Signalled by the kernel whenever a completion is posted.
+    event: OwnedFd,
+    /// Reads in flight, indexed by their submission's user data.
+    slots: Vec<Option<InFlight<T>>>,
+    /// Free indices of `slots`.
+    free: Vec<usize>,
+    /// The most reads in flight (the completion queue holds twice that).
+    depth: usize,
+    /// Reads wait in the submission queue: pushed since the last flush, or
+    /// refused by the kernel at the last one.
+    unsubmitted: bool,
+}
+
+impl<T> ReadQueue<T> {
+    /// A queue that keeps up to `depth` reads in flight. Fails where io_uring
+    /// cannot be used (an old kernel, `kernel.io_uring_disabled`, a seccomp
+    /// filter, `LIGHTSTORE_NO_URING` set); callers then read another way.
+    pub fn new(depth: u32) -> Result<ReadQueue<T>> {
+        if std::env::var_os("LIGHTSTORE_NO_URING").is_some() {
+            return Err(io::Error::other("io_uring disabled by LIGHTSTORE_NO_URING").into());
+        }
+        let depth = depth.max(1);
+        let ring = IoUring::builder()
+            .setup_cqsize(depth.saturating_mul(2))
+            .build(depth)?;
+        let mut probe = Probe::new();
+        ring.submitter().register_probe(&mut probe)?;
+        if !probe.is_supported(opcode::Read::CODE) {
+            return Err(io::Error::other("IORING_OP_READ not supported").into());
+        }
+        // SAFETY: plain syscall; no memory is passed.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: `fd` is a descriptor this function just opened and owns.
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        ring.submitter().register_eventfd(event.as_raw_fd())?;
+        Ok(ReadQueue {
+            ring,
+            event,
+            slots: Vec::new(),
+            free: Vec::new(),
+            depth: depth as usize,
+            unsubmitted: false,
+        })
+    }
+
+    /// The eventfd that becomes readable when completions are waiting. It
+    /// is non-blocking; [`ReadQueue::reap`] empties it.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.event.as_fd()
+    }
+
+    /// Reads in flight.
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Starts `read` and returns at once. Gives the read and its tag back
+    /// unstarted when the queue is full.
+    pub fn submit(&mut self, read: DirectRead, tag: T) -> std::result::Result<(), (DirectRead, T)> {
+        self.push(read, tag)?;
+        self.flush();
+        Ok(())
+    }
+
+    /// Queues `read` without handing it to the kernel yet: a later
+    /// [`ReadQueue::flush`] (or `submit`, or `reap`) starts every queued
+    /// read with one system call. Gives the read and its tag back when the
+    /// queue is full.
+    pub fn push(&mut self, read: DirectRead, tag: T) -> std::result::Result<(), (DirectRead, T)> {
+        let Ok(len) = u32::try_from(read.len) else {
+            return Err((read, tag));
+        };
+        if self.in_flight() >= self.depth {
+            return Err((read, tag));
+        }
+        let slot = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        let mut entry = InFlight { read, tag };
+        let sqe = opcode::Read::new(types::Fd(entry.read.fd), entry.read.buf.as_mut_ptr(), len)
+            .offset(entry.read.offset)
+            .build()
+            .user_data(slot as u64);
+        // SAFETY: the buffer lives in `self.slots[slot]` (a heap allocation
+        // that moving `entry` does not move) until the completion for
+        // `slot` is reaped, and `Drop` waits for every read in flight.
+        let queued = unsafe { self.ring.submission().push(&sqe) }.is_ok();
+        if !queued {
+            self.free.push(slot);
+            return Err((entry.read, entry.tag));
+        }
+        self.slots[slot] = Some(entry);
+        // Once in the submission queue the read cannot be withdrawn.
+        self.unsubmitted = true;
+        Ok(())
+    }
+
+    /// Hands every queued read to the kernel. If the kernel refuses for now,
+    /// they stay queued ([`ReadQueue::has_unsubmitted`]) for the next call.
+    pub fn flush(&mut self) {
+        if self.unsubmitted {
+            self.unsubmitted = self.submit_queued().is_err();
+        }
+    }
+
+    /// Hands what is queued to the kernel; transient refusals (interrupted,
+    /// out of resources) are retried a few times.
+    fn submit_queued(&mut self) -> io::Result<()> {
+        let mut attempts = 0;
+        loop {
+            match self.ring.submit() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e)
+                    if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY))
+                        && attempts < 100 =>
+                {
+                    attempts += 1;
+                    std::thread::yield_now();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether some reads wait in the submission queue: pushed and not
+    /// flushed yet, or refused by the kernel for now (then the caller should
+    /// flush or reap again soon, even without a signal).
+    pub fn has_unsubmitted(&self) -> bool {
+        self.unsubmitted
+    }
+
+    /// Returns every finished read with its tag and outcome (`Ok` when the
+    /// whole length was read), and clears the eventfd.
+    pub fn reap(&mut self) -> Vec<(T, DirectRead, Result<()>)> {
+        self.flush();
+        let mut counter = [0u8; 8];
+        // SAFETY: reads 8 bytes into a local buffer of 8 bytes. The result
+        // is irrelevant: EAGAIN just means nothing was signalled.
+        let _ = unsafe { libc::read(self.event.as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+        let mut done = Vec::new();
+        let finished: Vec<(usize, i32)> = self
+            .ring
+            .completion()
+            .map(|cqe| (cqe.user_data() as usize, cqe.result()))
+            .collect();
+        for (slot, res) in finished {
+            let Some(entry) = self.slots.get_mut(slot).and_then(Option::take) else {
+                continue; // not ours: cannot happen, nothing to give back
+            };
+            self.free.push(slot);
+            let outcome = match usize::try_from(res) {
+                Ok(n) if n == entry.read.len => {
+                    entry.read.dev.note_read(entry.read.offset, n);
+                    Ok(())
+                }
+                Ok(n) => Err(FlashError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("short read: {n} of {} bytes", entry.read.len),
+                ))),
+                Err(_) => Err(FlashError::Io(io::Error::from_raw_os_error(-res))),
+            };
+            done.push((entry.tag, entry.read, outcome));
+        }
+        done
+    }
+}
+
+impl<T> ReadQueue<T> {
+    /// [`ReadQueue::reap`], first waiting up to `timeout` for a completion
+    /// when none is ready: for callers without an event loop (tests, tools).
+    pub fn reap_wait(&mut self, timeout: std::time::Duration) -> Vec<(T, DirectRead, Result<()>)> {
+        let done = self.reap();
+        if !done.is_empty() || self.in_flight() == 0 {
+            return done;
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.event.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd for the duration of the call. An error or
+        // a timeout just means nothing is ready.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        self.reap()
+    }
+}
+
+impl<T> Drop for ReadQueue<T> {
+    fn drop(&mut self) {
+        // The kernel may still write into buffers of reads in flight: wait
+        // for them before the buffers are freed.
+        let mut attempts = 0u32;
+        while self.in_flight() > 0 {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => drop(self.reap()),
+                Err(e) if attempts < 1_000_000 => {
+                    attempts += 1;
+                    if e.raw_os_error() != Some(libc::EINTR) {
+                        std::thread::yield_now();
+                    }
+                }
+                Err(e) => {
+                    eprintln!("lightstore: io_uring wait failed with reads in flight: {e}");
+                    std::process::abort();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FileDevice, FlashStore, FormatOptions, NandConfig, NandDevice};
+
+    const PS: u32 = 4096;
+    const CAPACITY: u64 = PS as u64 * (1 + 2 * 8 + 8 * 16);
+
+    fn opts() -> FormatOptions {
+        FormatOptions {
+            pages_per_segment: 16,
+            meta_slot_bytes: Some(8 * u64::from(PS)),
+        }
+    }
+
+    /// A formatted store on a temporary file whose first segment holds
+    /// pages filled with their page number.
+    fn file_store() -> (tempfile::TempDir, FlashStore, u32) {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::open(&dir.path().join("dev"), Some(CAPACITY), PS).unwrap();
+        let store = FlashStore::format(dev, &opts()).unwrap();
+        let (seg, _) = store.allocate(0).unwrap();
+        let pages: Vec<u8> = (0..16u8).flat_map(|p| vec![p; PS as usize]).collect();
+        store.write(seg, 0, &pages).unwrap();
+        (dir, store, seg)
+    }
+
+    /// Waits (bounded) until `want` reads have completed and returns them.
+    fn wait_reap<T>(q: &mut ReadQueue<T>, want: usize) -> Vec<(T, DirectRead, Result<()>)> {
+        let mut out = Vec::new();
+        for _ in 0..500 {
+            out.extend(q.reap_wait(std::time::Duration::from_millis(10)));
+            if out.len() >= want {
+                return out;
+            }
+        }
+        panic!("only {} of {want} reads completed", out.len());
+    }
+
+    #[test]
+    fn reads_complete_with_their_tags_and_bytes() {
+        if !crate::io_uring_available() {
+            return; // nothing to test where io_uring is off
+        }
+        let (_dir, store, seg) = file_store();
+        let mut q: ReadQueue<u32> = ReadQueue::new(4).unwrap();
+        let before = store.stats().device.read_ops;
+        for page in [3u32, 7, 1] {
+            let read = store
+                .direct_read(seg, u64::from(page) * u64::from(PS), 2 * PS as usize)
+                .unwrap()
+                .expect("a file device reads directly");
+            q.submit(read, page).unwrap();
+        }
+        assert_eq!(q.in_flight(), 3);
+        let mut done = wait_reap(&mut q, 3);
+        done.sort_by_key(|d| d.0);
+        for (page, read, outcome) in done {
+            outcome.unwrap();
+            let len = read.len();
+            let buf = read.into_buf();
+            let want: Vec<u8> = [page as u8, page as u8 + 1]
+                .iter()
+                .flat_map(|&p| vec![p; PS as usize])
+                .collect();
+            assert_eq!(&buf[..len], &want[..], "page {page}");
+        }
+        assert_eq!(q.in_flight(), 0);
+        assert_eq!(store.stats().device.read_ops, before + 3);
+    }
+
+    #[test]
+    fn pushed_reads_start_at_the_flush() {
+        if !crate::io_uring_available() {
+            return;
+        }
+        let (_dir, store, seg) = file_store();
+        let mut q: ReadQueue<u8> = ReadQueue::new(4).unwrap();
+        for tag in 0..3 {
+            let read = store.direct_read(seg, 0, PS as usize).unwrap().unwrap();
+            q.push(read, tag).unwrap();
+        }
+        assert!(q.has_unsubmitted());
+        let mut pfd = libc::pollfd {
+            fd: q.event_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 50) };
+        assert_eq!(
+            ready, 0,
+            "a read completed before it was handed to the kernel"
+        );
+        q.flush();
+        assert!(!q.has_unsubmitted());
+        assert_eq!(wait_reap(&mut q, 3).len(), 3);
+    }
+
+    #[test]
+    fn a_full_queue_gives_the_read_back() {
+        if !crate::io_uring_available() {
+            return;
+        }
+        let (_dir, store, seg) = file_store();
+        let mut q: ReadQueue<u8> = ReadQueue::new(2).unwrap();
+        let read = || store.direct_read(seg, 0, PS as usize).unwrap().unwrap();
+        q.submit(read(), 1).unwrap();
+        q.submit(read(), 2).unwrap();
+        let (back, tag) = q.submit(read(), 3).expect_err("two in flight is the depth");
+        assert_eq!((tag, back.len()), (3, PS as usize));
+        assert_eq!(wait_reap(&mut q, 2).len(), 2);
+        q.submit(back, 3).unwrap();
+        assert_eq!(wait_reap(&mut q, 1)[0].0, 3);
+    }
+
+    #[test]
+    fn a_failed_read_is_reported_and_the_queue_goes_on() {
+        if !crate::io_uring_available() {
+            return;
+        }
+        let (_dir, store, seg) = file_store();
+        let dev: Arc<dyn Device> = NandDevice::new(NandConfig::default());
+        let mut q: ReadQueue<u8> = ReadQueue::new(4).unwrap();
+        q.submit(DirectRead::new(dev, -1, 0, PS as usize), 1)
+            .unwrap();
+        let (tag, _, outcome) = wait_reap(&mut q, 1).remove(0);
+        assert_eq!(tag, 1);
+        assert!(matches!(outcome, Err(FlashError::Io(_))), "{outcome:?}");
+        let read = store.direct_read(seg, 0, PS as usize).unwrap().unwrap();
+        q.submit(read, 2).unwrap();
+        let (_, _, outcome) = wait_reap(&mut q, 1).remove(0);
+        outcome.unwrap();
+    }
+
+    #[test]
+    fn dropping_the_queue_waits_for_reads_in_flight() {
+        if !crate::io_uring_available() {
+            return;
+        }
+        let (_dir, store, seg) = file_store();
+        let mut q: ReadQueue<()> = ReadQueue::new(32).unwrap();
+        for i in 0..32u64 {
+            let read = store.direct_read(seg, i % 15 * u64::from(PS), 2 * PS as usize);
+            q.submit(read.unwrap().unwrap(), ()).unwrap();
+        }
+        drop(q); // must not free buffers the kernel is still filling
+    }
+
+    #[test]
+    fn emulated_nand_has_no_direct_reads() {
+        let dev = NandDevice::new(NandConfig {
+            page_size: PS,
+            capacity: CAPACITY,
+            ..Default::default()
+        });
+        let store = FlashStore::format(dev, &opts()).unwrap();
+        let (seg, _) = store.allocate(0).unwrap();
+        assert!(store.direct_read(seg, 0, PS as usize).unwrap().is_none());
+        assert!(matches!(
+            store.direct_read(seg, 3, PS as usize),
+            Err(FlashError::Misaligned(_))
+        ));
+    }
+}

@@ -1,0 +1,181 @@
+//! GETs served on the network thread, without the executor: the engine's
+//! split GET ([`engine::Db::try_get`]) looks the key up from DRAM, the
+//! value's device read runs on an io_uring [`ReadQueue`] whose completion
+//! eventfd the network runtime polls, and [`engine::Db::finish_get`] checks
+//! the bytes. A GET then costs no thread hand-off in either direction: the
+//! two wake-ups and context switches that made up most of a lone GET's CPU
+//! outside the device (LightStore paper §4.2: the server and the engine
+//! exchange requests without copies or blocking).
+//!
+//! A GET the split path cannot answer (a keytable block to read, a value
+//! still in the log's memory, a full queue, a failed or raced read) goes to
+//! the executor pool as before, so answers are the same either way.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::flash::{DirectRead, ReadQueue};
+use engine::GetStart;
+use parking_lot::Mutex;
+use protocol::Reply;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::{oneshot, Notify};
+
+use crate::data::CallTime;
+use crate::state::NodeState;
+
+/// Reads the network thread keeps in flight at most; GETs beyond go to
+/// the executor pool.
+const QUEUE_DEPTH: u32 = 256;
+/// How often the reaper looks at the queue when the kernel refused a
+/// submission for the moment (it normally wakes only on completions).
+const RESUBMIT_EVERY: Duration = Duration::from_millis(1);
+
+/// A finished read: the read back, and whether it succeeded.
+type Finished = (DirectRead, engine::flash::Result<()>);
+
+/// The network thread's read queue.
+pub struct NetReads {
+    queue: Mutex<ReadQueue<oneshot::Sender<Finished>>>,
+    /// Set when the queue can no longer be polled: no new GETs start here.
+    disabled: AtomicBool,
+    /// Wakes the flusher: reads were queued.
+    queued: Notify,
+}
+
+/// A descriptor of the queue's eventfd (a duplicate, so that it stays open
+/// as long as tokio polls it, whichever of the two is dropped first).
+struct EventFd(OwnedFd);
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl NetReads {
+    /// Creates the queue and starts its reaper task on the current tokio
+    /// runtime. `None` where io_uring cannot be used: GETs then all go to
+    /// the executor pool.
+    pub fn start() -> Option<Arc<NetReads>> {
+        let queue = match ReadQueue::new(QUEUE_DEPTH) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::info!("GETs go through the executor pool: no io_uring read queue ({e})");
+                return None;
+            }
+        };
+        let event = queue
+            .event_fd()
+            .try_clone_to_owned()
+            .map_err(|e| e.to_string())
+            .and_then(|fd| {
+                // SAFETY: `EventFd` owns the descriptor, so it stays open and
+                // the same for as long as the `AsyncFd` holds it.
+                unsafe { AsyncFd::register_with_interest(EventFd(fd), Interest::READABLE) }
+                    .map_err(|e| e.to_string())
+            });
+        let event = match event {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(
+                    "GETs go through the executor pool: cannot poll the read queue ({e})"
+                );
+                return None;
+            }
+        };
+        let reads = Arc::new(NetReads {
+            queue: Mutex::new(queue),
+            disabled: AtomicBool::new(false),
+            queued: Notify::new(),
+        });
+        tokio::spawn(reap(reads.clone(), event));
+        tokio::spawn(flush(reads.clone()));
+        Some(reads)
+    }
+
+    /// Answers a plain `GET key` on this thread, or `None` when it must go
+    /// to the executor pool.
+    pub async fn get(&self, state: &NodeState, key: &[u8]) -> Option<(Reply, CallTime)> {
+        if self.disabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let clock = Instant::now();
+        let (pending, read) = match state.db.try_get(key) {
+            Ok(GetStart::Read(pending, read)) => (pending, read),
+            Ok(GetStart::Done(value)) => {
+                let call = CallTime {
+                    total: clock.elapsed(),
+                    device: Duration::ZERO,
+                };
+                return Some((crate::data::get_reply(value), self.served(state, call)));
+            }
+            Ok(GetStart::Blocking) | Err(_) => return None,
+        };
+        let (tx, rx) = oneshot::channel();
+        let io = Instant::now();
+        self.queue.lock().push(read, tx).ok()?;
+        self.queued.notify_one();
+        let (read, outcome) = rx.await.ok()?;
+        let device = io.elapsed();
+        let value = state.db.finish_get(pending, read, outcome)?;
+        let call = CallTime {
+            total: clock.elapsed(),
+            device,
+        };
+        Some((Reply::Bulk(value), self.served(state, call)))
+    }
+
+    /// Counts a GET served here and passes its time through.
+    fn served(&self, state: &NodeState, call: CallTime) -> CallTime {
+        state.counters.net_gets.fetch_add(1, Ordering::Relaxed);
+        call
+    }
+}
+
+/// Hands queued reads to the kernel. It runs after the connections that
+/// were ready together with the one that queued first (a yield puts it
+/// behind them), so their reads start with one system call (and one
+/// doorbell of a virtual disk) instead of one each.
+async fn flush(reads: Arc<NetReads>) {
+    loop {
+        reads.queued.notified().await;
+        tokio::task::yield_now().await;
+        reads.queue.lock().flush();
+    }
+}
+
+/// Hands finished reads to the GETs waiting for them, whenever the queue's
+/// eventfd signals. Runs until the runtime stops.
+async fn reap(reads: Arc<NetReads>, event: AsyncFd<EventFd>) {
+    // Set if polling the eventfd failed: then the queue is checked on a
+    // timer instead (slower, but no GET in flight is left waiting).
+    let mut polling = false;
+    loop {
+        let retry = reads.queue.lock().has_unsubmitted();
+        let ready = if retry || polling {
+            tokio::time::timeout(RESUBMIT_EVERY, event.readable()).await
+        } else {
+            Ok(event.readable().await)
+        };
+        match ready {
+            Ok(Ok(mut guard)) => guard.clear_ready(),
+            Ok(Err(e)) => {
+                if !polling {
+                    tracing::error!("read queue poll failed: {e}; GETs go to the executor pool");
+                    polling = true;
+                    reads.disabled.store(true, Ordering::Relaxed);
+                }
+                tokio::time::sleep(RESUBMIT_EVERY).await;
+            }
+            Err(_) => {} // the resubmission tick
+        }
+        let finished = reads.queue.lock().reap();
+        for (waiter, read, outcome) in finished {
+            let _ = waiter.send((read, outcome));
+        }
+    }
+}
