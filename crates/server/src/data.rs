@@ -113,7 +113,7 @@ pub struct CallTime {
 
 impl CallTime {
     /// This time divided equally among `n` requests.
-    fn share(self, n: usize) -> CallTime {
+    pub fn share(self, n: usize) -> CallTime {
         let n = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
         CallTime {
             total: self.total / n,

@@ -97,42 +97,62 @@ impl NetReads {
         Some(reads)
     }
 
-    /// Answers a plain `GET key` on this thread, or `None` when it must go
-    /// to the executor pool.
-    pub async fn get(&self, state: &NodeState, key: &[u8]) -> Option<(Reply, CallTime)> {
+    /// Answers a run of plain `GET key`s of one connection on this thread,
+    /// in order: `None` for each GET that must go to the executor pool
+    /// instead (all of them when the queue is out of service). The run
+    /// shares its time equally among its GETs, as on the pool.
+    pub async fn gets(&self, state: &NodeState, keys: &[&[u8]]) -> Vec<Option<(Reply, CallTime)>> {
+        let mut out: Vec<Option<(Reply, CallTime)>> = (0..keys.len()).map(|_| None).collect();
         if self.disabled.load(Ordering::Relaxed) {
-            return None;
+            return out;
         }
         let clock = Instant::now();
-        let (pending, read) = match state.db.try_get(key) {
-            Ok(GetStart::Read(pending, read)) => (pending, read),
-            Ok(GetStart::Done(value)) => {
-                let call = CallTime {
-                    total: clock.elapsed(),
-                    device: Duration::ZERO,
-                };
-                return Some((crate::data::get_reply(value), self.served(state, call)));
+        let mut reads = Vec::new(); // (index, pending GET, completion)
+        {
+            let mut queue = self.queue.lock();
+            for (i, key) in keys.iter().enumerate() {
+                match state.db.try_get(key) {
+                    Ok(GetStart::Done(value)) => {
+                        out[i] = Some((crate::data::get_reply(value), CallTime::default()));
+                    }
+                    Ok(GetStart::Read(pending, read)) => {
+                        let (tx, rx) = oneshot::channel();
+                        if queue.push(read, tx).is_ok() {
+                            reads.push((i, pending, rx));
+                        }
+                    }
+                    Ok(GetStart::Blocking) | Err(_) => {}
+                }
             }
-            Ok(GetStart::Blocking) | Err(_) => return None,
-        };
-        let (tx, rx) = oneshot::channel();
+        }
         let io = Instant::now();
-        self.queue.lock().push(read, tx).ok()?;
-        self.queued.notify_one();
-        let (read, outcome) = rx.await.ok()?;
-        let device = io.elapsed();
-        let value = state.db.finish_get(pending, read, outcome)?;
-        let call = CallTime {
-            total: clock.elapsed(),
-            device,
-        };
-        Some((Reply::Bulk(value), self.served(state, call)))
-    }
-
-    /// Counts a GET served here and passes its time through.
-    fn served(&self, state: &NodeState, call: CallTime) -> CallTime {
-        state.counters.net_gets.fetch_add(1, Ordering::Relaxed);
-        call
+        if !reads.is_empty() {
+            self.queued.notify_one();
+        }
+        for (i, pending, rx) in reads {
+            let Ok((read, outcome)) = rx.await else {
+                continue;
+            };
+            if let Some(value) = state.db.finish_get(pending, read, outcome) {
+                out[i] = Some((Reply::Bulk(value), CallTime::default()));
+            }
+        }
+        let served = out.iter().filter(|r| r.is_some()).count();
+        if served > 0 {
+            let call = CallTime {
+                total: clock.elapsed(),
+                device: io.elapsed(),
+            }
+            .share(served);
+            state
+                .counters
+                .net_gets
+                .fetch_add(served as u64, Ordering::Relaxed);
+            for (_, time) in out.iter_mut().flatten() {
+                *time = call;
+            }
+        }
+        out
     }
 }
 
