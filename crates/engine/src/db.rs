@@ -231,7 +231,30 @@ impl Db {
 
     /// Values of several keys, all at one sequence number.
     pub fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
-        self.inner.multi_get_at(keys, None)
+        let all = [keys.len()];
+        let mut groups = self.inner.multi_get_at(keys, &all, usize::MAX, None)?;
+        Ok(groups.pop().unwrap_or_default())
+    }
+
+    /// [`Db::multi_get`] that bounds the bytes it reads: `keys` come in
+    /// consecutive groups of `group_lens` keys (which must add up to
+    /// `keys.len()`), and in each group values are read in key order while
+    /// the group's records stay within `max_bytes`, always at least the
+    /// first value. Returns per group the answers to the prefix of its keys
+    /// that fit; the caller asks for the rest later. (A record is a little
+    /// larger than its value: the bound is on record bytes.)
+    pub fn multi_get_bounded(
+        &self,
+        keys: &[&[u8]],
+        group_lens: &[usize],
+        max_bytes: usize,
+    ) -> Result<Vec<Vec<Option<Bytes>>>> {
+        if group_lens.iter().sum::<usize>() != keys.len() {
+            return Err(Error::InvalidArgument(
+                "multi_get_bounded: group lengths do not add up to the keys".into(),
+            ));
+        }
+        self.inner.multi_get_at(keys, group_lens, max_bytes, None)
     }
 
     /// Up to `limit` pairs with `start <= key < end` (`end` empty = no bound),
@@ -701,26 +724,47 @@ impl DbInner {
     }
 
     /// Looks all keys up, then reads their values in one parallel batch.
+    ///
+    /// Keys come in consecutive groups of `group_lens`; a group's values
+    /// are read only while its record bytes stay within `max_bytes` (at
+    /// least its first value), and it is answered up to that point. The
+    /// cut is decided afresh on every attempt, from that attempt's lookups.
     pub(crate) fn multi_get_at(
         &self,
         keys: &[&[u8]],
+        group_lens: &[usize],
+        max_bytes: usize,
         at: Option<SeqNo>,
-    ) -> Result<Vec<Option<Bytes>>> {
+    ) -> Result<Vec<Vec<Option<Bytes>>>> {
         let before = self.ctx.block_reads.load(Ordering::Relaxed);
         let mut tries = 0;
-        let (found, values) = loop {
+        let (found, ends, values) = loop {
             let (sv, seq) = self.read_view(at);
             let mut found = Vec::new(); // (key index, entry)
-            for (i, key) in keys.iter().enumerate() {
-                if let Some(e) = self.lookup_in(&sv, key, seq)? {
-                    if e.kind == Kind::Put {
-                        found.push((i, e));
+            let mut ends = Vec::with_capacity(group_lens.len()); // answered up to
+            let mut first = 0;
+            for &len in group_lens {
+                let mut used = 0usize;
+                let mut end = first;
+                while end < first + len {
+                    if let Some(e) = self.lookup_in(&sv, keys[end], seq)? {
+                        if e.kind == Kind::Put {
+                            let size = e.ptr.len as usize;
+                            if used > 0 && used.saturating_add(size) > max_bytes {
+                                break;
+                            }
+                            used = used.saturating_add(size);
+                            found.push((end, e));
+                        }
                     }
+                    end += 1;
                 }
+                ends.push((first, end));
+                first += len;
             }
             let reqs: Vec<_> = found.iter().map(|(i, e)| (e.ptr, keys[*i])).collect();
             match self.vlog.read_values(&reqs) {
-                Ok(values) => break (found, values),
+                Ok(values) => break (found, ends, values),
                 Err(_) if self.read_raced_gc(&mut tries, reqs.iter().map(|r| r.0)) => continue,
                 Err(err) => return Err(err),
             }
@@ -731,9 +775,13 @@ impl DbInner {
             device_reads += u64::from(from_device);
             out[*i] = Some(v);
         }
+        let answered: usize = ends.iter().map(|(first, end)| end - first).sum();
         Counters::add(&self.counters.get_device_reads, device_reads);
-        Counters::add(&self.counters.gets, keys.len() as u64);
-        Ok(out)
+        Counters::add(&self.counters.gets, answered as u64);
+        Ok(ends
+            .into_iter()
+            .map(|(first, end)| out[first..end].to_vec())
+            .collect())
     }
 
     pub(crate) fn scan_at(

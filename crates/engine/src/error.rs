@@ -63,6 +63,9 @@ pub enum Error {
     /// The options are inconsistent.
     #[error("invalid options: {0}")]
     InvalidOptions(String),
+    /// A call's arguments are inconsistent with each other.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
     /// The engine was shut down or a background task failed; see the log.
     #[error("engine stopped: {0}")]
     Stopped(String),

@@ -4,6 +4,8 @@ mod common;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use common::*;
 use engine::flash::{LossMode, NandDevice};
 use engine::{BatchOp, Db, Error};
@@ -242,6 +244,53 @@ fn multi_get_reads_only_the_records() {
         "bytes read for {} values of {len} bytes",
         keys.len()
     );
+}
+
+/// A bounded multi-get answers each group's keys in order while its
+/// records fit the byte bound (at least one value per group), reads no
+/// value past the cut, and answers missing keys on the way.
+#[test]
+fn bounded_multi_get_answers_a_prefix_of_each_group_and_reads_no_more() {
+    let len = 8192;
+    let (dev, db) = reopened_with_values(64, len);
+    let wanted: Vec<Vec<u8>> = (0..10u32).map(key).chain([b"missing".to_vec()]).collect();
+    // Groups: [k0 k1 k2 k3 k4] [k5] [missing-first: "missing" is placed
+    // below as its own group] [k6 k7 k8 k9].
+    let keys: Vec<&[u8]> = [0usize, 1, 2, 3, 4, 5, 10, 6, 7, 8, 9]
+        .iter()
+        .map(|&i| &wanted[i][..])
+        .collect();
+    let groups = [5, 1, 1, 4];
+    // Room for two 8 KiB records per group, not three.
+    let bound = 2 * len + 1024;
+    let (got, reads) = reads_during(&dev, || {
+        db.multi_get_bounded(&keys, &groups, bound)
+            .expect("bounded multi_get")
+    });
+    let lens: Vec<usize> = got.iter().map(Vec::len).collect();
+    assert_eq!(lens, [2, 1, 1, 2], "answered prefix per group");
+    let expect = |i: u32| Some(Bytes::from(value_for(i, 1, len)));
+    assert_eq!(got[0], [expect(0), expect(1)]);
+    assert_eq!(got[1], [expect(5)]);
+    assert_eq!(got[2], [None], "a missing key is answered");
+    assert_eq!(got[3], [expect(6), expect(7)]);
+    // Five values, and no sixth (a lookup of the missing key may read a
+    // small keytable block).
+    let read = reads.bytes;
+    assert!(
+        (5 * len as u64..6 * len as u64).contains(&read),
+        "only the answered values are read: {read} bytes"
+    );
+    // A single value larger than the bound is still read: progress.
+    let one = db
+        .multi_get_bounded(&keys[..1], &[1], 1)
+        .expect("tiny bound");
+    assert_eq!(one, [vec![expect(0)]]);
+    // Inconsistent groups are refused, not guessed at.
+    assert!(matches!(
+        db.multi_get_bounded(&keys, &[1], bound),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 /// Large values are stored sector-aligned, whatever their key length, so a

@@ -158,3 +158,58 @@ fn send_and_drain_ping(n: &Node) -> String {
     let _ = s.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// Resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A client pipelines 300 GETs of a 2 MiB value (600 MiB of replies) and
+/// reads nothing: the node holds a bounded part of that, not all of it.
+/// Once the client reads, every reply arrives, in order and intact, and
+/// memory goes back. An MGET whose values exceed the reply bound is refused.
+#[test]
+fn slow_reader_of_large_values_cannot_make_the_node_buffer_them_all() {
+    let n = Node::start(&[]);
+    let value: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut c = BufReader::new(n.connect());
+    assert_eq!(
+        call(&mut c, &[b"SET", b"big", &value]),
+        Resp::Simple("OK".into())
+    );
+    let pid = n.child.id();
+    let before = rss_kib(pid);
+    let mut s = n.connect();
+    let count = 300;
+    s.write_all(&b"GET big\r\n".repeat(count)).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let stalled = rss_kib(pid);
+    assert!(
+        stalled < before + 128 * 1024,
+        "node grew from {before} KiB to {stalled} KiB for an unread pipeline"
+    );
+    let mut r = BufReader::new(s);
+    for i in 0..count {
+        match node_support::read_reply(&mut r).expect("reply") {
+            Resp::Bulk(v) => assert!(v == value, "reply {i} differs"),
+            other => panic!("reply {i}: {other:?}"),
+        }
+    }
+    let after = rss_kib(pid);
+    assert!(
+        after < before + 128 * 1024,
+        "node kept {after} KiB after serving, {before} KiB before"
+    );
+    let mut args: Vec<&[u8]> = vec![b"MGET"];
+    args.extend(std::iter::repeat_n(&b"big"[..], 129)); // 258 MiB > 256 MiB
+    match call(&mut c, &args) {
+        Resp::Error(e) => assert!(e.contains("reply too large"), "{e}"),
+        other => panic!("MGET over the bound: {other:?}"),
+    }
+    still_serving(&n);
+}

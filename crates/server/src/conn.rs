@@ -4,6 +4,7 @@
 //! in request order — and only then read again, so a client that does not
 //! read its replies cannot make the node buffer without bound.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,10 @@ const MAX_INLINE_SETS: usize = 1;
 /// the cores: on 2 cores, whole -P 16 runs on the network thread used ~10 %
 /// less CPU but saturated that thread (throughput no better, p50 higher).
 const MAX_NET_GETS: usize = 1;
+
+/// Replies to a prefix of some engine commands, with their engine times;
+/// how long they waited (queue and hand-back); the commands left for later.
+type Answered = (Vec<(Reply, CallTime)>, Duration, Vec<(Cmd, Vec<Bytes>)>);
 
 /// A request's place in the reply order.
 enum Slot {
@@ -77,7 +82,16 @@ where
         let mut after = After::Continue;
         if !batch.is_empty() {
             let parse = parse_start.elapsed();
-            after = run_batch(&state, &exec, &mut session, batch, parse, &mut wbuf).await;
+            after = run_batch(
+                &state,
+                &exec,
+                &mut session,
+                batch,
+                parse,
+                &mut wbuf,
+                &mut stream,
+            )
+            .await;
         }
         if let Some(e) = &proto_err {
             tracing::debug!(client = session.id, "protocol error: {e}");
@@ -130,14 +144,20 @@ struct Timing {
 }
 
 /// Answers a batch of requests, appending the encoded replies to `out`.
-/// `parse` is the time it took to parse the batch (for metrics).
-async fn run_batch(
+/// `parse` is the time it took to parse the batch (for metrics). When the
+/// executor answers only a prefix of the engine commands (their replies
+/// reached [`crate::data::REPLY_BUDGET`]), the replies so far are written
+/// to `stream` before the rest is asked for, so the client's reading paces
+/// how much the node holds.
+#[allow(clippy::too_many_arguments)]
+async fn run_batch<S: AsyncWrite + Unpin>(
     state: &Arc<NodeState>,
     exec: &Pools,
     session: &mut Session,
     batch: Vec<Vec<Bytes>>,
     parse: Duration,
     out: &mut BytesMut,
+    stream: &mut S,
 ) -> After {
     let start = Instant::now();
     let mut slots = Vec::with_capacity(batch.len());
@@ -194,30 +214,52 @@ async fn run_batch(
         timings.push(timing);
         slots.push(Slot::Ready(reply, session.resp));
     }
-    let (results, queue) = if jobs.is_empty() {
-        (Vec::new(), Duration::ZERO)
-    } else {
-        match run_on_executor(state, exec, jobs).await {
-            Some(r) => r,
-            None => {
-                Reply::err("internal error: request failed").encode(session.resp, out);
-                return After::Close;
+    let mut slots = VecDeque::from(slots);
+    let mut engine_times: Vec<CallTime> = Vec::new();
+    let mut queue = Duration::ZERO;
+    let mut encode = Duration::ZERO;
+    loop {
+        let (results, waited, rest) = if jobs.is_empty() {
+            (Vec::new(), Duration::ZERO, Vec::new())
+        } else {
+            match run_on_executor(state, exec, std::mem::take(&mut jobs)).await {
+                Some(r) => r,
+                None => {
+                    Reply::err("internal error: request failed").encode(session.resp, out);
+                    return After::Close;
+                }
+            }
+        };
+        queue += waited;
+        engine_times.extend(results.iter().map(|(_, d)| *d));
+        let mut results = results.into_iter().map(|(r, _)| r);
+        let encode_start = Instant::now();
+        while let Some(slot) = slots.pop_front() {
+            match slot {
+                Slot::Ready(r, v) => r.encode(v, out),
+                Slot::Engine(v) => match results.next() {
+                    Some(r) => r.encode(v, out),
+                    None if rest.is_empty() => {
+                        Reply::err("internal error: missing reply").encode(v, out)
+                    }
+                    None => {
+                        slots.push_front(Slot::Engine(v));
+                        break;
+                    }
+                },
             }
         }
-    };
-    let engine_times: Vec<CallTime> = results.iter().map(|(_, d)| *d).collect();
-    let mut results = results.into_iter().map(|(r, _)| r);
-    let encode_start = Instant::now();
-    for slot in slots {
-        match slot {
-            Slot::Ready(r, v) => r.encode(v, out),
-            Slot::Engine(v) => results
-                .next()
-                .unwrap_or_else(|| Reply::err("internal error: missing reply"))
-                .encode(v, out),
+        encode += encode_start.elapsed();
+        if slots.is_empty() {
+            break;
         }
+        // The rest waits until the client has taken these replies.
+        if stream.write_all(out).await.is_err() {
+            return After::Close;
+        }
+        out.clear();
+        jobs = rest;
     }
-    let encode = encode_start.elapsed();
     record(
         state,
         &timings,
@@ -289,11 +331,13 @@ fn record(
 /// other connections'). Returns each reply with its engine time, and how
 /// long the job waited: in the executor queue (submit to start) plus the
 /// hand-back to the network thread (job end to this task resuming).
+/// When the replies reached the reply budget, only a prefix of `jobs` is
+/// answered and the rest is handed back (the third element).
 async fn run_on_executor(
     state: &Arc<NodeState>,
     exec: &Pools,
     jobs: Vec<(Cmd, Vec<Bytes>)>,
-) -> Option<(Vec<(Reply, CallTime)>, Duration)> {
+) -> Option<Answered> {
     let all_gets = jobs.iter().all(|(cmd, _)| *cmd == Cmd::Get);
     let all_sets = jobs
         .iter()
@@ -307,7 +351,7 @@ async fn run_on_executor(
     }
     if all_sets && jobs.len() <= MAX_INLINE_SETS && state.sets_may_run_inline {
         if let Some(replies) = crate::data::try_sets_inline(state, &jobs) {
-            return Some((replies, Duration::ZERO));
+            return Some((replies, Duration::ZERO, Vec::new()));
         }
     }
     on_pool(state, exec, jobs, all_gets, all_sets).await
@@ -315,29 +359,36 @@ async fn run_on_executor(
 
 /// Fills in, through the executor pool, the GETs of a run that the network
 /// thread could not answer (`None` in `answered`).
+/// If the pool answers only part of them, the run is answered up to the
+/// first GET left unanswered and hands back the GETs from there on.
 async fn complete_gets(
     state: &Arc<NodeState>,
     exec: &Pools,
     jobs: Vec<(Cmd, Vec<Bytes>)>,
     answered: Vec<Option<(Reply, CallTime)>>,
-) -> Option<(Vec<(Reply, CallTime)>, Duration)> {
+) -> Option<Answered> {
     let rest: Vec<(Cmd, Vec<Bytes>)> = jobs
-        .into_iter()
+        .iter()
         .zip(&answered)
         .filter(|(_, a)| a.is_none())
-        .map(|(job, _)| job)
+        .map(|(job, _)| job.clone())
         .collect();
     let (mut more, queue) = if rest.is_empty() {
         (Vec::new().into_iter(), Duration::ZERO)
     } else {
-        let (replies, queue) = on_pool(state, exec, rest, true, false).await?;
+        let (replies, queue, _) = on_pool(state, exec, rest, true, false).await?;
         (replies.into_iter(), queue)
     };
-    let replies = answered
-        .into_iter()
-        .map(|a| a.or_else(|| more.next()))
-        .collect::<Option<Vec<_>>>()?;
-    Some((replies, queue))
+    let mut replies = Vec::with_capacity(answered.len());
+    for a in answered {
+        match a.or_else(|| more.next()) {
+            Some(r) => replies.push(r),
+            None => break,
+        }
+    }
+    let mut jobs = jobs;
+    let left = jobs.split_off(replies.len().min(jobs.len()));
+    Some((replies, queue, left))
 }
 
 /// Runs `jobs` on the executor pool (see [`run_on_executor`]).
@@ -347,7 +398,7 @@ async fn on_pool(
     jobs: Vec<(Cmd, Vec<Bytes>)>,
     all_gets: bool,
     all_sets: bool,
-) -> Option<(Vec<(Reply, CallTime)>, Duration)> {
+) -> Option<Answered> {
     let (tx, rx) = oneshot::channel();
     let submitted = Instant::now();
     if all_gets || all_sets {
@@ -367,14 +418,16 @@ async fn on_pool(
         let writes = jobs.iter().any(|(cmd, _)| cmd.writes());
         exec.submit(
             Box::new(move || {
+                let mut jobs = jobs;
                 let queued = submitted.elapsed();
                 let replies = crate::data::execute_batch(&st, &jobs);
-                let _ = tx.send((replies, queued, Instant::now()));
+                let rest = jobs.split_off(replies.len().min(jobs.len()));
+                let _ = tx.send((replies, queued, Instant::now(), rest));
             }),
             writes,
         )
         .ok()?;
     }
-    let (replies, queued, done) = rx.await.ok()?;
-    Some((replies, queued + done.elapsed()))
+    let (replies, queued, done, rest) = rx.await.ok()?;
+    Some((replies, queued + done.elapsed(), rest))
 }

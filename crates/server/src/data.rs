@@ -23,6 +23,16 @@ const RANGE_MAX_LIMIT: usize = 100_000;
 pub const DBSIZE_CAP: usize = 10_000;
 /// Keys read per engine scan while counting.
 const DBSIZE_CHUNK: usize = 32;
+/// Value bytes one connection's pipelined requests may have read and not yet
+/// sent: the executor answers a prefix of a batch within this (at least one
+/// request), the connection writes those replies and only then asks for the
+/// rest. So a client that pipelines thousands of GETs of large values, and
+/// reads slowly or not at all, holds at most this plus one value in the
+/// node, not all the values its requests name.
+pub const REPLY_BUDGET: usize = 4 << 20;
+/// Largest total of values one MGET may return; more is refused with an
+/// error (a single reply cannot be split the way a pipeline can).
+pub const MGET_MAX_BYTES: usize = 256 << 20;
 
 /// Runs one engine command. `args[0]` is the command name; the arity was checked.
 pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
@@ -30,13 +40,7 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
         Cmd::Set => set(state, args),
         Cmd::Get => state.db.get(&args[1]).map(get_reply),
         Cmd::Mset => mset(state, args),
-        Cmd::Mget => {
-            let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
-            state
-                .db
-                .multi_get(&keys)
-                .map(|vals| Reply::Array(vals.into_iter().map(get_reply).collect()))
-        }
+        Cmd::Mget => mget(state, args),
         Cmd::Del => del(state, args),
         Cmd::Exists => {
             let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
@@ -66,11 +70,14 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
 /// parallel) and runs of plain `SET k v` one atomic write batch (one log
 /// append and, under `sync` durability, one device sync); a run whose
 /// combined call fails is retried command by command so every reply carries
-/// its own error. Returns each reply with its share of engine time.
+/// its own error. Returns each reply with its share of engine time: for a
+/// prefix of the batch (at least one command) once the replies reach
+/// [`REPLY_BUDGET`]; the caller sends them and asks for the rest.
 pub fn execute_batch(state: &NodeState, jobs: &[(Cmd, Vec<Bytes>)]) -> Vec<(Reply, CallTime)> {
     let mut out = Vec::with_capacity(jobs.len());
+    let mut bytes = 0usize;
     let mut i = 0;
-    while i < jobs.len() {
+    while i < jobs.len() && bytes < REPLY_BUDGET {
         let kind = group_kind(&jobs[i]);
         let mut j = i + 1;
         while kind.is_some() && j < jobs.len() && group_kind(&jobs[j]) == kind {
@@ -85,20 +92,43 @@ pub fn execute_batch(state: &NodeState, jobs: &[(Cmd, Vec<Bytes>)]) -> Vec<(Repl
         };
         match grouped {
             Some(replies) => {
-                let share = clock.stop().share(run.len());
+                let share = clock.stop().share(replies.len());
+                let answered = replies.len();
+                bytes += replies.iter().map(reply_bytes).sum::<usize>();
                 out.extend(replies.into_iter().map(|r| (r, share)));
+                if answered < run.len() {
+                    break; // the run's values reached the budget
+                }
             }
             None => {
                 for (cmd, args) in run {
                     let clock = CallClock::start();
                     let r = execute(state, *cmd, args);
+                    bytes += reply_bytes(&r);
                     out.push((r, clock.stop()));
+                    if bytes >= REPLY_BUDGET {
+                        return out;
+                    }
                 }
             }
         }
         i = j;
     }
     out
+}
+
+/// About how many bytes a reply holds (its values; framing not counted).
+pub fn reply_bytes(reply: &Reply) -> usize {
+    match reply {
+        Reply::Bulk(b) => b.len(),
+        Reply::Status(t) | Reply::Error(t) | Reply::Verbatim(t) => t.len(),
+        Reply::Array(items) => items.iter().map(reply_bytes).sum(),
+        Reply::Map(pairs) => pairs
+            .iter()
+            .map(|(k, v)| reply_bytes(k) + reply_bytes(v))
+            .sum(),
+        _ => 8,
+    }
 }
 
 /// Time an engine call took on the executor, and the part of it spent
@@ -155,7 +185,8 @@ fn group_kind((cmd, args): &(Cmd, Vec<Bytes>)) -> Option<Group> {
 }
 
 /// Serves GET runs of several connections with one multi-get (their values
-/// are read from the device in one batch), then answers each. If the
+/// are read from the device in one batch), then answers each: each run as
+/// far as its values fit [`REPLY_BUDGET`] (at least one GET). If the
 /// combined call fails, each run is executed on its own so every reply
 /// carries its own outcome. Each run is charged the whole call's time (it
 /// waited for all of it), split equally among its GETs.
@@ -168,22 +199,23 @@ pub fn execute_gets(group: Vec<crate::exec::Run>) {
         .iter()
         .flat_map(|r| r.cmds.iter().map(get_key))
         .collect();
+    let lens: Vec<usize> = group.iter().map(|r| r.cmds.len()).collect();
     let clock = CallClock::start();
-    let merged = state.db.multi_get(&keys);
+    let merged = state.db.multi_get_bounded(&keys, &lens, REPLY_BUDGET);
     let call = clock.stop();
     drop(keys);
-    let mut values = merged.as_ref().ok().map(|v| v.iter());
-    for (run, queued) in group.into_iter().zip(queued) {
+    let mut values = merged.ok().map(Vec::into_iter);
+    for (mut run, queued) in group.into_iter().zip(queued) {
         let share = call.share(run.cmds.len());
-        let replies = match values.as_mut() {
-            Some(values) => values
-                .by_ref()
-                .take(run.cmds.len())
-                .map(|v| (get_reply(v.clone()), share))
+        let replies: Vec<(Reply, CallTime)> = match values.as_mut().and_then(Iterator::next) {
+            Some(answered) => answered
+                .into_iter()
+                .map(|v| (get_reply(v), share))
                 .collect(),
             None => execute_batch(&state, &run.cmds),
         };
-        let _ = run.reply.send((replies, queued, Instant::now()));
+        let rest = run.cmds.split_off(replies.len().min(run.cmds.len()));
+        let _ = run.reply.send((replies, queued, Instant::now(), rest));
     }
 }
 
@@ -209,7 +241,7 @@ pub fn execute_sets(group: Vec<crate::exec::Run>) {
     };
     drop(ops);
     let call = clock.stop();
-    for (run, queued) in group.into_iter().zip(queued) {
+    for (mut run, queued) in group.into_iter().zip(queued) {
         let share = call.share(run.cmds.len());
         let replies = match &merged {
             Ok(()) => vec![(Reply::ok(), share); run.cmds.len()],
@@ -218,7 +250,8 @@ pub fn execute_sets(group: Vec<crate::exec::Run>) {
             Err(e) if e.is_no_space() => vec![(errors::engine(e), share); run.cmds.len()],
             Err(_) => execute_batch(&state, &run.cmds),
         };
-        let _ = run.reply.send((replies, queued, Instant::now()));
+        let rest = run.cmds.split_off(replies.len().min(run.cmds.len()));
+        let _ = run.reply.send((replies, queued, Instant::now(), rest));
     }
 }
 
@@ -262,10 +295,33 @@ fn set_op((_, args): &(Cmd, Vec<Bytes>)) -> BatchOp {
     BatchOp::Put(args[1].clone(), args[2].clone())
 }
 
+/// A run of plain GETs as one multi-get, answered as far as its values fit
+/// [`REPLY_BUDGET`] (at least one).
 fn get_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
     let keys: Vec<&[u8]> = run.iter().map(get_key).collect();
-    let vals = state.db.multi_get(&keys).ok()?;
-    Some(vals.into_iter().map(get_reply).collect())
+    let mut vals = state
+        .db
+        .multi_get_bounded(&keys, &[keys.len()], REPLY_BUDGET)
+        .ok()?;
+    Some(vals.pop()?.into_iter().map(get_reply).collect())
+}
+
+/// MGET: all values, or an error when together they exceed
+/// [`MGET_MAX_BYTES`] (nothing past that bound is read).
+fn mget(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
+    let mut vals = state
+        .db
+        .multi_get_bounded(&keys, &[keys.len()], MGET_MAX_BYTES)?;
+    let vals = vals.pop().unwrap_or_default();
+    if vals.len() < keys.len() {
+        return Ok(Reply::err(format!(
+            "reply too large: the values of these {} keys exceed {} MiB; ask for fewer keys per MGET",
+            keys.len(),
+            MGET_MAX_BYTES >> 20
+        )));
+    }
+    Ok(Reply::Array(vals.into_iter().map(get_reply).collect()))
 }
 
 fn set_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {

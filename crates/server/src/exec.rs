@@ -35,8 +35,15 @@ const MAX_MERGED_SET_BYTES: usize = 4 << 20;
 pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// Replies of one engine batch with their engine times, how long it
-/// waited in the queue, and when it finished (for the hand-back time).
-pub type BatchResult = (Vec<(Reply, CallTime)>, Duration, Instant);
+/// waited in the queue, when it finished (for the hand-back time), and
+/// the commands it left for later: a batch is answered as far as its
+/// replies fit the reply budget (see [`crate::data::REPLY_BUDGET`]).
+pub type BatchResult = (
+    Vec<(Reply, CallTime)>,
+    Duration,
+    Instant,
+    Vec<(Cmd, Vec<Bytes>)>,
+);
 
 /// One connection's pipelined run of engine commands that a worker may
 /// merge with other connections' runs of the same kind: all plain
