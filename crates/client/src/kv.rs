@@ -56,6 +56,30 @@ impl Cluster {
 
     /// Like [`Cluster::mget`] but returns what the replica stores (versioned
     /// bytes, tombstones included), `None` only for keys it does not have.
+    /// One node's MGET of `keys`. A node refuses an MGET whose values
+    /// exceed its reply bound (`-ERR reply too large`); the keys are then
+    /// asked for in halves, on the same connection, and the answers joined.
+    fn mget_split(&self, node: usize, keys: &[&[u8]]) -> Result<Reply> {
+        let mut args: Vec<&[u8]> = Vec::with_capacity(keys.len() + 1);
+        args.push(b"MGET");
+        args.extend_from_slice(keys);
+        match self.inner.with_conn(node, |c| c.call(&args)) {
+            Err(ClientError::Server { message, .. })
+                if keys.len() > 1 && message.starts_with("ERR reply too large") =>
+            {
+                let (a, b) = keys.split_at(keys.len() / 2);
+                match (self.mget_split(node, a)?, self.mget_split(node, b)?) {
+                    (Reply::Array(mut x), Reply::Array(y)) => {
+                        x.extend(y);
+                        Ok(Reply::Array(x))
+                    }
+                    (Reply::Array(_), other) | (other, _) => Ok(other),
+                }
+            }
+            other => other,
+        }
+    }
+
     pub(crate) fn mget_stored(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
         let orders: Vec<Vec<usize>> = keys.iter().map(|k| self.inner.read_order(k)).collect();
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
@@ -75,10 +99,8 @@ impl Cluster {
             let jobs: Vec<(usize, Vec<usize>)> = groups.into_iter().collect();
             let sent: Vec<Vec<usize>> = jobs.iter().map(|(_, idx)| idx.clone()).collect();
             let results = self.inner.fan_out(jobs, |node, idx| {
-                let mut args: Vec<&[u8]> = Vec::with_capacity(idx.len() + 1);
-                args.push(b"MGET");
-                args.extend(idx.iter().map(|&k| keys[k]));
-                self.inner.with_conn(node, |c| c.call(&args))
+                let wanted: Vec<&[u8]> = idx.iter().map(|&k| keys[k]).collect();
+                self.mget_split(node, &wanted)
             });
             pending.clear();
             for ((node, r), idx) in results.into_iter().zip(sent) {

@@ -260,7 +260,20 @@ impl Db {
     /// Up to `limit` pairs with `start <= key < end` (`end` empty = no bound),
     /// in key order, at one sequence number.
     pub fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
-        self.inner.scan_at(start, end, limit, None)
+        self.inner.scan_at(start, end, limit, usize::MAX, None)
+    }
+
+    /// [`Db::scan`] that refuses, with [`Error::TooLarge`] and before
+    /// reading any value, when the pairs' records add up to more than
+    /// `max_bytes`: for callers that must bound one reply's memory.
+    pub fn scan_bounded(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(Bytes, Bytes)>> {
+        self.inner.scan_at(start, end, limit, max_bytes, None)
     }
 
     /// Like [`Db::scan`] but returns only the keys, reading no value from
@@ -277,7 +290,8 @@ impl Db {
         limit: usize,
         snap: &Snapshot,
     ) -> Result<Vec<(Bytes, Bytes)>> {
-        self.inner.scan_at(start, end, limit, Some(snap.seq))
+        self.inner
+            .scan_at(start, end, limit, usize::MAX, Some(snap.seq))
     }
 
     /// A read snapshot at the current sequence number.
@@ -789,6 +803,7 @@ impl DbInner {
         start: &[u8],
         end: &[u8],
         limit: usize,
+        max_bytes: usize,
         at: Option<SeqNo>,
     ) -> Result<Vec<(Bytes, Bytes)>> {
         // Collect the visible entries first, then read their values in
@@ -798,6 +813,13 @@ impl DbInner {
         'scan: loop {
             let (sv, seq) = self.read_view(at);
             let found = self.visible_entries(&sv, start, end, limit, seq)?;
+            let bytes: u64 = found.iter().map(|e| u64::from(e.ptr.len)).sum();
+            if bytes > max_bytes as u64 {
+                return Err(Error::TooLarge {
+                    bytes,
+                    max: max_bytes,
+                });
+            }
             let mut out = Vec::with_capacity(found.len());
             for chunk in found.chunks(SCAN_READ_BATCH) {
                 let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..])).collect();

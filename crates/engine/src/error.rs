@@ -63,6 +63,18 @@ pub enum Error {
     /// The options are inconsistent.
     #[error("invalid options: {0}")]
     InvalidOptions(String),
+    /// A read would return more bytes than the caller allowed; nothing
+    /// was read.
+    #[error(
+        "the values asked for add up to {bytes} bytes, over the limit of {max} bytes: \
+         ask for fewer at a time"
+    )]
+    TooLarge {
+        /// Bytes of the records that would have been read.
+        bytes: u64,
+        /// The caller's limit.
+        max: usize,
+    },
     /// A call's arguments are inconsistent with each other.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -38,6 +38,10 @@ pub struct NodeArgs {
     /// Most simultaneous clients (default 10000).
     #[arg(long)]
     maxclients: Option<usize>,
+    /// Most value bytes one MGET or RANGE reply may carry, e.g. 256M (the default);
+    /// more is refused with an error.
+    #[arg(long, value_parser = parse_size)]
+    max_reply: Option<u64>,
     /// Executor threads running writes (default 16).
     #[arg(long)]
     threads: Option<usize>,
@@ -92,6 +96,9 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = args.maxclients {
         c.maxclients = v;
+    }
+    if let Some(v) = args.max_reply {
+        c.max_reply = server::config::Size(v);
     }
     if let Some(v) = args.threads {
         c.threads = Some(v);

@@ -383,3 +383,33 @@ fn up_and_cluster_subcommands() {
     assert_eq!(err.matches("stopped (exit status: 0)").count(), 3, "{err}");
     assert!(Path::new(&dir.join("node0/lightstore.dev")).exists());
 }
+
+/// A node refuses an MGET over its `max_reply`; the client then asks for
+/// the keys in halves and still answers `mget` and `range` in full.
+#[test]
+fn client_splits_mgets_a_node_refuses_as_too_large() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _node = Node::start_at(tmp.path(), &addr, &["--max-reply", "1M"])
+        .unwrap_or_else(|(code, log)| panic!("node failed ({code:?}):\n{log}"));
+    let mut cfg = ClusterConfig::new([addr]);
+    cfg.replicas = Some(1);
+    cfg.timeout_ms = 3000;
+    let c = Cluster::connect(cfg).expect("client");
+    let value = |i: usize| vec![i as u8; 200 << 10];
+    let keys: Vec<Vec<u8>> = (0..12).map(key).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.set(k, &value(i)).expect("set");
+    }
+    // 12 values of 200 KiB: 2.4 MiB, over the node's 1 MiB per reply.
+    let got = c.mget(&keys).expect("mget");
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(v.as_deref(), Some(&value(i)[..]), "mget key {i}");
+    }
+    let range = c.range(b"", b"", 100).expect("range");
+    assert_eq!(range.len(), 12);
+    for (k, v) in &range {
+        let i = keys.iter().position(|x| x == k).expect("known key");
+        assert_eq!(v[..], value(i)[..], "range key {i}");
+    }
+}

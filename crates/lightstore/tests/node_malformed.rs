@@ -208,8 +208,58 @@ fn slow_reader_of_large_values_cannot_make_the_node_buffer_them_all() {
     let mut args: Vec<&[u8]> = vec![b"MGET"];
     args.extend(std::iter::repeat_n(&b"big"[..], 129)); // 258 MiB > 256 MiB
     match call(&mut c, &args) {
-        Resp::Error(e) => assert!(e.contains("reply too large"), "{e}"),
+        Resp::Error(e) => assert!(e.starts_with("ERR reply too large"), "{e}"),
         other => panic!("MGET over the bound: {other:?}"),
+    }
+    still_serving(&n);
+}
+
+/// `max_reply` bounds MGET and RANGE replies (refused with a clear error,
+/// nothing else changes); below it both answer in full; SCAN lists keys
+/// whatever their values' size; CONFIG GET reports the bound.
+#[test]
+fn max_reply_bounds_mget_and_range_replies() {
+    let n = Node::start(&["--max-reply", "1M"]);
+    let mut c = BufReader::new(n.connect());
+    let value = vec![7u8; 300 << 10];
+    for k in [&b"r1"[..], b"r2", b"r3", b"r4"] {
+        assert_eq!(
+            call(&mut c, &[b"SET", k, &value]),
+            Resp::Simple("OK".into())
+        );
+    }
+    let refused = |r: Resp, what: &str| match r {
+        Resp::Error(e) => assert!(e.starts_with("ERR reply too large"), "{what}: {e}"),
+        other => panic!("{what} over max-reply: {other:?}"),
+    };
+    refused(call(&mut c, &[b"MGET", b"r1", b"r2", b"r3", b"r4"]), "MGET");
+    refused(call(&mut c, &[b"RANGE", b"r", b"s"]), "RANGE");
+    match call(&mut c, &[b"MGET", b"r1", b"r2", b"r3"]) {
+        Resp::Array(v) => assert_eq!(v.len(), 3),
+        other => panic!("MGET within max-reply: {other:?}"),
+    }
+    match call(&mut c, &[b"RANGE", b"r", b"s", b"LIMIT", b"3"]) {
+        Resp::Array(v) => assert_eq!(v.len(), 6),
+        other => panic!("RANGE within max-reply: {other:?}"),
+    }
+    match call(&mut c, &[b"RANGE", b"r", b"s", b"KEYSONLY"]) {
+        Resp::Array(v) => assert_eq!(v.len(), 4),
+        other => panic!("RANGE KEYSONLY: {other:?}"),
+    }
+    match call(&mut c, &[b"SCAN", b"0", b"MATCH", b"r*", b"COUNT", b"100"]) {
+        Resp::Array(v) => assert_eq!(
+            v[1],
+            Resp::Array(
+                (1..=4)
+                    .map(|i| Resp::Bulk(format!("r{i}").into_bytes()))
+                    .collect()
+            )
+        ),
+        other => panic!("SCAN: {other:?}"),
+    }
+    match call(&mut c, &[b"CONFIG", b"GET", b"max-reply"]) {
+        Resp::Array(v) => assert_eq!(v[1], Resp::Bulk(b"1048576".to_vec())),
+        other => panic!("CONFIG GET max-reply: {other:?}"),
     }
     still_serving(&n);
 }

@@ -83,6 +83,11 @@ pub struct Config {
     pub max_args: usize,
     /// Longest inline command line.
     pub max_inline: Size,
+    /// Most value bytes one reply may carry (MGET, RANGE); a command that
+    /// would return more is refused with `-ERR reply too large`, before its
+    /// values are read. Pipelined requests are not affected: their replies
+    /// are sent in parts. Default 256 MiB.
+    pub max_reply: Size,
     /// Executor threads running writes (SET, MSET, DEL, VSET, VDEL, and
     /// pipelined batches holding any). Default 16: a worker merges the
     /// plain-SET runs waiting in the queue into one batch, so under `sync`
@@ -128,6 +133,7 @@ impl Default for Config {
             max_bulk: None,
             max_args: 1 << 20,
             max_inline: Size(64 << 10),
+            max_reply: Size(256 << 20),
             threads: None,
             read_threads: None,
             metrics_listen: None,
@@ -202,6 +208,9 @@ impl Config {
         }
         if self.max_args == 0 {
             return bad("max_args", "must be at least 1");
+        }
+        if self.max_reply.0 == 0 {
+            return bad("max_reply", "must be at least 1");
         }
         if self.capacity.0 < (64 << 20) {
             return bad("capacity", "must be at least 64M");

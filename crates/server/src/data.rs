@@ -13,7 +13,7 @@ use crate::cmd::Cmd;
 use crate::glob::Glob;
 use crate::state::NodeState;
 
-/// Default and largest COUNT of one SCAN call (values are read with the keys).
+/// Default and largest COUNT of one SCAN call (keys only: no value is read).
 const SCAN_DEFAULT_COUNT: usize = 10;
 const SCAN_MAX_COUNT: usize = 1000;
 /// Default and largest LIMIT of one RANGE call.
@@ -30,9 +30,6 @@ const DBSIZE_CHUNK: usize = 32;
 /// reads slowly or not at all, holds at most this plus one value in the
 /// node, not all the values its requests name.
 pub const REPLY_BUDGET: usize = 4 << 20;
-/// Largest total of values one MGET may return; more is refused with an
-/// error (a single reply cannot be split the way a pipeline can).
-pub const MGET_MAX_BYTES: usize = 256 << 20;
 
 /// Runs one engine command. `args[0]` is the command name; the arity was checked.
 pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
@@ -306,19 +303,20 @@ fn get_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
     Some(vals.pop()?.into_iter().map(get_reply).collect())
 }
 
-/// MGET: all values, or an error when together they exceed
-/// [`MGET_MAX_BYTES`] (nothing past that bound is read).
+/// MGET: all values, or an error when together they exceed the node's
+/// `max_reply` (nothing past that bound is read; a single reply cannot be
+/// split the way a pipeline can).
 fn mget(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
     let mut vals = state
         .db
-        .multi_get_bounded(&keys, &[keys.len()], MGET_MAX_BYTES)?;
+        .multi_get_bounded(&keys, &[keys.len()], state.max_reply())?;
     let vals = vals.pop().unwrap_or_default();
     if vals.len() < keys.len() {
         return Ok(Reply::err(format!(
-            "reply too large: the values of these {} keys exceed {} MiB; ask for fewer keys per MGET",
+            "reply too large: the values of these {} keys exceed max-reply ({} bytes); ask for fewer keys per MGET",
             keys.len(),
-            MGET_MAX_BYTES >> 20
+            state.max_reply()
         )));
     }
     Ok(Reply::Array(vals.into_iter().map(get_reply).collect()))
@@ -461,19 +459,19 @@ fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         }
     };
     let count = count.min(SCAN_MAX_COUNT);
-    let pairs = state.db.scan(&start, b"", count)?;
-    let next = match pairs.last() {
-        Some((last, _)) if pairs.len() == count => {
+    let keys = state.db.scan_keys(&start, b"", count)?;
+    let next = match keys.last() {
+        Some(last) if keys.len() == count => {
             let mut k = last.to_vec();
             k.push(0);
             state.cursors.lock().insert(Bytes::from(k))
         }
         _ => 0,
     };
-    let keys = pairs
+    let keys = keys
         .into_iter()
-        .filter(|(k, _)| type_ok && pattern.as_ref().is_none_or(|p| p.matches(k)))
-        .map(|(k, _)| Reply::Bulk(k))
+        .filter(|k| type_ok && pattern.as_ref().is_none_or(|p| p.matches(k)))
+        .map(Reply::Bulk)
         .collect();
     Ok(Reply::Array(vec![
         Reply::Bulk(Bytes::from(next.to_string())),
@@ -505,7 +503,18 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         let keys = state.db.scan_keys(&args[1], &args[2], limit)?;
         return Ok(Reply::Array(keys.into_iter().map(Reply::Bulk).collect()));
     }
-    let pairs = state.db.scan(&args[1], &args[2], limit)?;
+    let pairs = match state
+        .db
+        .scan_bounded(&args[1], &args[2], limit, state.max_reply())
+    {
+        Err(engine::Error::TooLarge { bytes, max }) => {
+            return Ok(Reply::err(format!(
+                "reply too large: the values in this range add up to {bytes} bytes, over \
+                 max-reply ({max} bytes); use a smaller LIMIT"
+            )))
+        }
+        other => other?,
+    };
     let mut out = Vec::with_capacity(pairs.len() * 2);
     for (k, v) in pairs {
         out.push(Reply::Bulk(k));

@@ -226,6 +226,7 @@ fn settings(state: &NodeState) -> Vec<(&'static str, String)> {
         ("bind", c.listen.clone()),
         ("maxclients", c.maxclients.to_string()),
         ("proto-max-bulk-len", state.limits.max_bulk.to_string()),
+        ("max-reply", state.max_reply().to_string()),
         ("durability", c.durability.clone()),
         ("dir", c.data_dir.display().to_string()),
         ("io-threads", "1".into()),

@@ -106,4 +106,9 @@ impl NodeState {
     pub fn request_shutdown(&self) {
         self.shutdown.send_replace(true);
     }
+
+    /// Most value bytes one reply may carry (`max_reply`).
+    pub fn max_reply(&self) -> usize {
+        usize::try_from(self.config.max_reply.0).unwrap_or(usize::MAX)
+    }
 }
