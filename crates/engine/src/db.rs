@@ -264,8 +264,8 @@ impl Db {
     }
 
     /// [`Db::scan`] that refuses, with [`Error::TooLarge`] and before
-    /// reading any value, when the pairs' records add up to more than
-    /// `max_bytes`: for callers that must bound one reply's memory.
+    /// reading any value, when the pairs' keys and records add up to more
+    /// than `max_bytes`: for callers that must bound one reply's memory.
     pub fn scan_bounded(
         &self,
         start: &[u8],
@@ -279,7 +279,19 @@ impl Db {
     /// Like [`Db::scan`] but returns only the keys, reading no value from
     /// the device (index and keytable blocks only).
     pub fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Bytes>> {
-        self.inner.scan_keys_at(start, end, limit, None)
+        self.inner.scan_keys_at(start, end, limit, usize::MAX, None)
+    }
+
+    /// [`Db::scan_keys`] that fails with [`Error::TooLarge`] once the keys
+    /// found add up to more than `max_bytes`.
+    pub fn scan_keys_bounded(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Bytes>> {
+        self.inner.scan_keys_at(start, end, limit, max_bytes, None)
     }
 
     /// Like [`Db::scan`], as of `snap`.
@@ -812,14 +824,7 @@ impl DbInner {
         let mut tries = 0;
         'scan: loop {
             let (sv, seq) = self.read_view(at);
-            let found = self.visible_entries(&sv, start, end, limit, seq)?;
-            let bytes: u64 = found.iter().map(|e| u64::from(e.ptr.len)).sum();
-            if bytes > max_bytes as u64 {
-                return Err(Error::TooLarge {
-                    bytes,
-                    max: max_bytes,
-                });
-            }
+            let found = self.visible_entries(&sv, start, end, limit, seq, max_bytes, true)?;
             let mut out = Vec::with_capacity(found.len());
             for chunk in found.chunks(SCAN_READ_BATCH) {
                 let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..])).collect();
@@ -848,11 +853,12 @@ impl DbInner {
         start: &[u8],
         end: &[u8],
         limit: usize,
+        max_bytes: usize,
         at: Option<SeqNo>,
     ) -> Result<Vec<Bytes>> {
         let (sv, seq) = self.read_view(at);
         Ok(self
-            .visible_entries(&sv, start, end, limit, seq)?
+            .visible_entries(&sv, start, end, limit, seq, max_bytes, false)?
             .into_iter()
             .map(|e| e.key)
             .collect())
@@ -860,6 +866,10 @@ impl DbInner {
 
     /// The newest version as of `seq` of up to `limit` live keys in
     /// `[start, end)` (empty `end`: unbounded), in key order.
+    ///
+    /// Fails with [`Error::TooLarge`] as soon as the keys found (and, with
+    /// `with_values`, their records) add up to more than `max_bytes`.
+    #[allow(clippy::too_many_arguments)]
     fn visible_entries(
         &self,
         sv: &SuperVersion,
@@ -867,6 +877,8 @@ impl DbInner {
         end: &[u8],
         limit: usize,
         seq: SeqNo,
+        max_bytes: usize,
+        with_values: bool,
     ) -> Result<Vec<Entry>> {
         let mut sources: Vec<EntryIter<'_>> = vec![Box::new(sv.mem.iter_from(start).map(Ok))];
         if let Some(imm) = &sv.imm {
@@ -876,6 +888,7 @@ impl DbInner {
             sources.push(Box::new(LevelIter::new(level.clone(), start, &self.ctx)));
         }
         let mut found = Vec::new();
+        let mut bytes = 0usize;
         let mut last_key: Option<Bytes> = None;
         for e in MergeIter::new(sources) {
             let e = e?;
@@ -890,6 +903,11 @@ impl DbInner {
             }
             last_key = Some(e.key.clone());
             if e.kind == Kind::Put {
+                let value = if with_values { e.ptr.len as usize } else { 0 };
+                bytes = bytes.saturating_add(e.key.len()).saturating_add(value);
+                if bytes > max_bytes {
+                    return Err(Error::TooLarge { max: max_bytes });
+                }
                 found.push(e);
             }
         }

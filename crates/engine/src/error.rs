@@ -63,15 +63,10 @@ pub enum Error {
     /// The options are inconsistent.
     #[error("invalid options: {0}")]
     InvalidOptions(String),
-    /// A read would return more bytes than the caller allowed; nothing
-    /// was read.
-    #[error(
-        "the values asked for add up to {bytes} bytes, over the limit of {max} bytes: \
-         ask for fewer at a time"
-    )]
+    /// A read would return more bytes (keys and values) than the caller
+    /// allowed; no value was read.
+    #[error("the result would exceed the limit of {max} bytes: ask for fewer at a time")]
     TooLarge {
-        /// Bytes of the records that would have been read.
-        bytes: u64,
         /// The caller's limit.
         max: usize,
     },

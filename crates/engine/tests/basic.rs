@@ -293,6 +293,34 @@ fn bounded_multi_get_answers_a_prefix_of_each_group_and_reads_no_more() {
     ));
 }
 
+/// Bounded scans refuse, before reading any value, a result whose keys (and
+/// records) exceed the bound, and answer in full below it.
+#[test]
+fn bounded_scans_refuse_results_over_the_bound() {
+    let len = 8192;
+    let (dev, db) = reopened_with_values(64, len);
+    let (r, reads) = reads_during(&dev, || db.scan_bounded(b"", b"", 10, 5 * len));
+    assert!(matches!(r, Err(Error::TooLarge { max }) if max == 5 * len));
+    assert!(
+        reads.bytes < len as u64,
+        "no value read: {} bytes",
+        reads.bytes
+    );
+    let got = db.scan_bounded(b"", b"", 4, 5 * len).expect("within bound");
+    assert_eq!(got.len(), 4);
+    assert_eq!(got, db.scan(b"", b"", 4).expect("scan"));
+    let key_bytes: usize = (0..10u32).map(|i| key(i).len()).sum();
+    assert!(matches!(
+        db.scan_keys_bounded(b"", b"", 10, key_bytes - 1),
+        Err(Error::TooLarge { .. })
+    ));
+    assert_eq!(
+        db.scan_keys_bounded(b"", b"", 10, key_bytes)
+            .expect("keys fit"),
+        db.scan_keys(b"", b"", 10).expect("scan_keys")
+    );
+}
+
 /// Large values are stored sector-aligned, whatever their key length, so a
 /// GET reads exactly the value's own 512-byte blocks (an 8 KiB value is one
 /// 8 KiB read, not 8.5 KiB with its record header and key).

@@ -257,6 +257,26 @@ fn max_reply_bounds_mget_and_range_replies() {
         ),
         other => panic!("SCAN: {other:?}"),
     }
+    // Keys count too: 130 keys of 8 KiB exceed 1 MiB even without values.
+    for i in 0..130u32 {
+        let mut k = vec![b'z'; 8192];
+        k[8188..].copy_from_slice(&i.to_be_bytes());
+        assert_eq!(call(&mut c, &[b"SET", &k, b"v"]), Resp::Simple("OK".into()));
+    }
+    refused(
+        call(
+            &mut c,
+            &[b"RANGE", b"z", b"", b"KEYSONLY", b"LIMIT", b"1000"],
+        ),
+        "RANGE KEYSONLY",
+    );
+    match call(
+        &mut c,
+        &[b"RANGE", b"z", b"", b"KEYSONLY", b"LIMIT", b"100"],
+    ) {
+        Resp::Array(v) => assert_eq!(v.len(), 100),
+        other => panic!("RANGE KEYSONLY within max-reply: {other:?}"),
+    }
     match call(&mut c, &[b"CONFIG", b"GET", b"max-reply"]) {
         Resp::Array(v) => assert_eq!(v[1], Resp::Bulk(b"1048576".to_vec())),
         other => panic!("CONFIG GET max-reply: {other:?}"),

@@ -499,20 +499,25 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         }
     }
     let limit = limit.min(RANGE_MAX_LIMIT);
+    let too_large = |max: usize| {
+        Reply::err(format!(
+            "reply too large: this range holds more than max-reply ({max} bytes); use a smaller LIMIT"
+        ))
+    };
     if keys_only {
-        let keys = state.db.scan_keys(&args[1], &args[2], limit)?;
-        return Ok(Reply::Array(keys.into_iter().map(Reply::Bulk).collect()));
+        return match state
+            .db
+            .scan_keys_bounded(&args[1], &args[2], limit, state.max_reply())
+        {
+            Err(engine::Error::TooLarge { max }) => Ok(too_large(max)),
+            other => Ok(Reply::Array(other?.into_iter().map(Reply::Bulk).collect())),
+        };
     }
     let pairs = match state
         .db
         .scan_bounded(&args[1], &args[2], limit, state.max_reply())
     {
-        Err(engine::Error::TooLarge { bytes, max }) => {
-            return Ok(Reply::err(format!(
-                "reply too large: the values in this range add up to {bytes} bytes, over \
-                 max-reply ({max} bytes); use a smaller LIMIT"
-            )))
-        }
+        Err(engine::Error::TooLarge { max }) => return Ok(too_large(max)),
         other => other?,
     };
     let mut out = Vec::with_capacity(pairs.len() * 2);
