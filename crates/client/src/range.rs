@@ -109,6 +109,7 @@ impl<'a> Merger<'a> {
             return Ok(());
         }
         let (end, page, keys_only) = (&self.end, self.page, self.keys_only);
+        let mut shrink = false;
         let limit = page.to_string();
         let results = self.inner.fan_out(jobs, |node, start| {
             let mut args: Vec<&[u8]> = vec![b"RANGE", &start, end, b"LIMIT", limit.as_bytes()];
@@ -159,8 +160,19 @@ impl<'a> Merger<'a> {
                     self.cursors.remove(pos);
                     self.failed.push((node, e));
                 }
+                // The page's values exceed the node's max-reply: ask again
+                // for smaller pages.
+                Err(ClientError::Server { message, .. })
+                    if page > 1 && message.starts_with("ERR reply too large") =>
+                {
+                    shrink = true;
+                }
                 Err(e) => return Err(e),
             }
+        }
+        if shrink {
+            self.page = page / 2;
+            return self.refill();
         }
         Ok(())
     }

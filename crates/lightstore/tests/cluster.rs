@@ -384,8 +384,9 @@ fn up_and_cluster_subcommands() {
     assert!(Path::new(&dir.join("node0/lightstore.dev")).exists());
 }
 
-/// A node refuses an MGET over its `max_reply`; the client then asks for
-/// the keys in halves and still answers `mget` and `range` in full.
+/// A node refuses an MGET or RANGE over its `max_reply`; the client then
+/// asks for the keys in halves (smaller pages) and still answers `mget`,
+/// `range` and `repair` in full.
 #[test]
 fn client_splits_mgets_a_node_refuses_as_too_large() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -412,4 +413,7 @@ fn client_splits_mgets_a_node_refuses_as_too_large() {
         let i = keys.iter().position(|x| x == k).expect("known key");
         assert_eq!(v[..], value(i)[..], "range key {i}");
     }
+    // Repair pages through keys and values: smaller pages, same result.
+    let report = c.repair().expect("repair over a small max-reply");
+    assert_eq!(report.keys, 12);
 }
