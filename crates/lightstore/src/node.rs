@@ -42,6 +42,21 @@ pub struct NodeArgs {
     /// more is refused with an error.
     #[arg(long, value_parser = parse_size)]
     max_reply: Option<u64>,
+    /// Longest bulk string (a key or a value) a request may carry, e.g. 16M
+    /// (default: the engine's value limit + 1K, 64M + 1K).
+    #[arg(long, value_parser = parse_size)]
+    max_bulk: Option<u64>,
+    /// Most bytes of arguments in one request, e.g. 512M (the default; at least
+    /// --max-bulk + 64K); more closes the connection with a protocol error.
+    #[arg(long, value_parser = parse_size)]
+    max_request: Option<u64>,
+    /// Most bytes all clients together may hold in requests being read (beyond 256K
+    /// each), e.g. 1G (the default); past it, new large requests wait.
+    #[arg(long, value_parser = parse_size)]
+    max_request_memory: Option<u64>,
+    /// How long a client may wait for request memory before it is refused (default 30000).
+    #[arg(long, value_name = "MS")]
+    request_memory_wait_ms: Option<u64>,
     /// Executor threads running writes (default 16).
     #[arg(long)]
     threads: Option<usize>,
@@ -99,6 +114,18 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = args.max_reply {
         c.max_reply = server::config::Size(v);
+    }
+    if let Some(v) = args.max_bulk {
+        c.max_bulk = Some(server::config::Size(v));
+    }
+    if let Some(v) = args.max_request {
+        c.max_request = Some(server::config::Size(v));
+    }
+    if let Some(v) = args.max_request_memory {
+        c.max_request_memory = Some(server::config::Size(v));
+    }
+    if let Some(v) = args.request_memory_wait_ms {
+        c.request_memory_wait_ms = v;
     }
     if let Some(v) = args.threads {
         c.threads = Some(v);

@@ -28,6 +28,12 @@ pub enum ProtocolError {
         /// Configured maximum.
         max: usize,
     },
+    /// A request whose arguments add up to more than the configured maximum.
+    #[error("Protocol error: request larger than the limit of {max} bytes")]
+    RequestTooLarge {
+        /// Configured maximum.
+        max: usize,
+    },
     /// An element of a multibulk request that is not a bulk string.
     #[error("Protocol error: expected '$', got '{0}'")]
     ExpectedBulk(char),

@@ -16,5 +16,5 @@ pub use decode::{
     decode_reply, encode_request, ReplyError, MAX_REPLY_BULK, MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS,
 };
 pub use error::ProtocolError;
-pub use parse::{Limits, RequestParser};
+pub use parse::{Limits, RequestParser, ARG_OVERHEAD};
 pub use reply::{Reply, RespVersion};

@@ -18,6 +18,10 @@ pub struct Limits {
     pub max_args: usize,
     /// Longest inline command line (default 64 KiB).
     pub max_inline: usize,
+    /// Most bytes of arguments in one request (default 1 GiB, as Redis's
+    /// query buffer limit): bounds what one request makes the server hold
+    /// before it can run, whatever its argument count.
+    pub max_request: usize,
 }
 
 impl Default for Limits {
@@ -26,6 +30,7 @@ impl Default for Limits {
             max_bulk: 512 << 20,
             max_args: 1 << 20,
             max_inline: 64 << 10,
+            max_request: 1 << 30,
         }
     }
 }
@@ -39,7 +44,14 @@ pub struct RequestParser {
     expected: Option<usize>,
     /// Length of the bulk string whose header was consumed.
     bulk: Option<usize>,
+    /// What the request in progress holds: its arguments read so far and
+    /// the one announced in `bulk`, each with [`ARG_OVERHEAD`].
+    held: usize,
 }
+
+/// Bytes counted per argument on top of its length (its `Bytes` handle), so
+/// that a million empty arguments count as the 32 MiB of handles they are.
+pub const ARG_OVERHEAD: usize = std::mem::size_of::<Bytes>();
 
 /// Position of the first CRLF in `b`, if any.
 fn find_crlf(b: &[u8]) -> Option<usize> {
@@ -62,7 +74,32 @@ impl RequestParser {
             args: Vec::new(),
             expected: None,
             bulk: None,
+            held: 0,
         }
+    }
+
+    /// Replaces the limits; they apply from the next element parsed.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    /// Bytes the request in progress holds or has announced: its arguments
+    /// read so far plus the whole length of the bulk string being read
+    /// (each with [`ARG_OVERHEAD`]). Zero between requests.
+    pub fn request_bytes(&self) -> usize {
+        self.held
+    }
+
+    /// The part of [`RequestParser::request_bytes`] already read: the
+    /// arguments parsed so far, without the bulk string being read.
+    pub fn request_bytes_read(&self) -> usize {
+        self.held - self.bulk.map_or(0, |n| n + ARG_OVERHEAD)
+    }
+
+    /// Bytes still missing from `buf` to complete the bulk string being
+    /// read (with its CRLF), zero if none is pending.
+    pub fn bulk_missing(&self, buf: &BytesMut) -> usize {
+        self.bulk.map_or(0, |n| (n + 2).saturating_sub(buf.len()))
     }
 
     /// The next complete request, `Ok(None)` if more bytes are needed. Empty
@@ -110,6 +147,7 @@ impl RequestParser {
                 }
             }
             self.expected = None;
+            self.held = 0;
             return Ok(Some(std::mem::take(&mut self.args)));
         }
     }
@@ -142,10 +180,17 @@ impl RequestParser {
                         max: self.limits.max_bulk,
                     });
                 }
+                let held = self.held.saturating_add(n).saturating_add(ARG_OVERHEAD);
+                if held > self.limits.max_request {
+                    return Err(ProtocolError::RequestTooLarge {
+                        max: self.limits.max_request,
+                    });
+                }
                 buf.advance(end + 2);
                 self.bulk = Some(n);
-                // Make room for the whole value at once (one allocation).
-                buf.reserve(n + 2);
+                self.held = held;
+                // The caller makes room for the value (see `bulk_missing`)
+                // once it may hold it.
                 n
             }
         };
@@ -363,5 +408,44 @@ mod tests {
             parse_all(b"*0\r\n\r\n  \r\nPING\r\n").unwrap(),
             vec![args(&["PING"])]
         );
+    }
+
+    #[test]
+    fn a_request_is_held_to_max_request_across_its_arguments() {
+        let o = ARG_OVERHEAD;
+        let limits = Limits {
+            max_bulk: 10,
+            max_request: 25 + 3 * o,
+            ..Limits::default()
+        };
+        let mut p = RequestParser::new(limits);
+        let mut buf = BytesMut::from(&b"*4\r\n$3\r\nSET\r\n$10\r\n0123456789\r\n$10\r\n"[..]);
+        assert_eq!(p.next_request(&mut buf).unwrap(), None);
+        // SET and the first value read, the second value announced.
+        assert_eq!(p.request_bytes(), 23 + 3 * o);
+        assert_eq!(p.request_bytes_read(), 13 + 2 * o);
+        assert_eq!(p.bulk_missing(&buf), 12);
+        buf.extend_from_slice(b"0123456789\r\n$3\r\n");
+        assert_eq!(
+            p.next_request(&mut buf).unwrap_err(),
+            ProtocolError::RequestTooLarge { max: 25 + 3 * o }
+        );
+        // The same arguments spread over two requests are fine.
+        let mut p = RequestParser::new(limits);
+        let mut buf = BytesMut::from(
+            &b"*2\r\n$3\r\nSET\r\n$10\r\n0123456789\r\n*3\r\n$3\r\nSET\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n"[..],
+        );
+        assert!(p.next_request(&mut buf).unwrap().is_some());
+        assert!(p.next_request(&mut buf).unwrap().is_some());
+        assert_eq!(p.request_bytes(), 0);
+        assert_eq!(p.bulk_missing(&buf), 0);
+        // Empty arguments count their handles: 1,000 of them exceed 25 + 3 * o.
+        let mut p = RequestParser::new(limits);
+        let mut wire = b"*1000\r\n".to_vec();
+        wire.extend(b"$0\r\n\r\n".repeat(1000));
+        assert!(matches!(
+            p.next_request(&mut BytesMut::from(&wire[..])),
+            Err(ProtocolError::RequestTooLarge { .. })
+        ));
     }
 }

@@ -43,7 +43,7 @@ proptest! {
 
     #[test]
     fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        let mut p = RequestParser::new(Limits { max_bulk: 1 << 16, max_args: 1 << 10, max_inline: 1 << 10 });
+        let mut p = RequestParser::new(Limits { max_bulk: 1 << 16, max_args: 1 << 10, max_inline: 1 << 10, max_request: 1 << 18 });
         let mut buf = BytesMut::from(&bytes[..]);
         for _ in 0..64 {
             match p.next_request(&mut buf) {

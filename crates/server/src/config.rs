@@ -83,6 +83,20 @@ pub struct Config {
     pub max_args: usize,
     /// Longest inline command line.
     pub max_inline: Size,
+    /// Most bytes of arguments in one request, whatever their number
+    /// and their handles (default 512 MiB; at least `max_bulk` + 64 KiB);
+    /// more is a protocol error and the connection is closed.
+    pub max_request: Option<Size>,
+    /// Most bytes all connections together may hold in requests still
+    /// being read, beyond 256 KiB each (default 1 GiB, and never below
+    /// `max_request`). A connection about to read a request past this bound
+    /// waits until others finish theirs; one that is already holding part
+    /// of a request and needs more gets `-ERR request memory exhausted` and
+    /// is closed, so two half-read requests can never wait on each other.
+    pub max_request_memory: Option<Size>,
+    /// How long a connection may wait for request memory before it gets
+    /// `-ERR request memory exhausted` and is closed (default 30000 ms).
+    pub request_memory_wait_ms: u64,
     /// Most value bytes one reply may carry (MGET, RANGE); a command that
     /// would return more is refused with `-ERR reply too large`, before its
     /// values are read. Pipelined requests are not affected: their replies
@@ -116,6 +130,10 @@ pub struct Config {
     pub preallocate: bool,
 }
 
+/// Room `max_request` keeps above `max_bulk` for the command, the key and
+/// the arguments' handles around the largest value.
+const REQUEST_SLACK: usize = 64 << 10;
+
 /// Name of the device file inside the data directory.
 pub const DEVICE_FILE: &str = "lightstore.dev";
 
@@ -133,6 +151,9 @@ impl Default for Config {
             max_bulk: None,
             max_args: 1 << 20,
             max_inline: Size(64 << 10),
+            max_request: None,
+            max_request_memory: None,
+            request_memory_wait_ms: 30_000,
             max_reply: Size(256 << 20),
             threads: None,
             read_threads: None,
@@ -215,6 +236,20 @@ impl Config {
         if self.capacity.0 < (64 << 20) {
             return bad("capacity", "must be at least 64M");
         }
+        let explicit = |v: Option<Size>| v.map(|Size(n)| usize::try_from(n).unwrap_or(usize::MAX));
+        if let (Some(bulk), Some(request)) = (explicit(self.max_bulk), explicit(self.max_request)) {
+            if request < bulk.saturating_add(REQUEST_SLACK) {
+                return bad("max_request", "must be at least max_bulk + 64K");
+            }
+        }
+        if let (Some(request), Some(memory)) = (
+            explicit(self.max_request),
+            explicit(self.max_request_memory),
+        ) {
+            if memory < request {
+                return bad("max_request_memory", "must be at least max_request");
+            }
+        }
         if self.requirepass.as_deref() == Some("") {
             return bad("requirepass", "must not be empty");
         }
@@ -226,6 +261,49 @@ impl Config {
         match self.max_bulk {
             Some(Size(n)) => usize::try_from(n).unwrap_or(usize::MAX),
             None => (max_value + 1024).min(512 << 20),
+        }
+    }
+
+    /// The parser limits for a store whose values may be `max_value` bytes;
+    /// fails where the request bounds are set below the bulk bound.
+    pub fn limits_for(&self, max_value: usize) -> Result<protocol::Limits, ConfigError> {
+        let max_bulk = self.max_bulk_for(max_value);
+        let max_request = match self.max_request {
+            Some(Size(n)) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => max_bulk.saturating_add(REQUEST_SLACK).max(512 << 20),
+        };
+        if max_request < max_bulk.saturating_add(REQUEST_SLACK) {
+            return Err(ConfigError::Invalid {
+                name: "max_request",
+                message: format!("must be at least max_bulk + 64K ({max_bulk} + 65536 bytes)"),
+            });
+        }
+        Ok(protocol::Limits {
+            max_bulk,
+            max_args: self.max_args,
+            max_inline: usize::try_from(self.max_inline.0).unwrap_or(usize::MAX),
+            max_request,
+        })
+    }
+
+    /// The node-wide bound on request bytes being read (see
+    /// [`Config::max_request_memory`]) for these parser limits.
+    pub fn max_request_memory_for(&self, limits: &protocol::Limits) -> Result<usize, ConfigError> {
+        match self.max_request_memory {
+            Some(Size(n)) => {
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                if n < limits.max_request {
+                    return Err(ConfigError::Invalid {
+                        name: "max_request_memory",
+                        message: format!(
+                            "must be at least max_request ({} bytes)",
+                            limits.max_request
+                        ),
+                    });
+                }
+                Ok(n)
+            }
+            None => Ok(limits.max_request.max(1 << 30)),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! read its replies cannot make the node buffer without bound.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use protocol::{Reply, RequestParser, RespVersion};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
+use crate::budget::{Grant, Hold, ALLOWANCE};
 use crate::cmd::{arity_ok, errors, is_refused, Cmd};
 use crate::data::CallTime;
 use crate::exec::{Pools, Run};
@@ -20,7 +22,7 @@ use crate::metrics::{micros, Breakdown};
 use crate::session::{noauth, run_local, Outcome, Session};
 use crate::state::{Counters, NodeState};
 
-/// Buffers larger than this are released after use.
+/// Write buffers larger than this are released after use.
 const KEEP_BUFFER: usize = 1 << 20;
 /// Bytes read per `read` call (more when a large bulk string is pending).
 const READ_CHUNK: usize = 64 << 10;
@@ -34,6 +36,16 @@ const MAX_INLINE_SETS: usize = 1;
 /// the cores: on 2 cores, whole -P 16 runs on the network thread used ~10 %
 /// less CPU but saturated that thread (throughput no better, p50 higher).
 const MAX_NET_GETS: usize = 1;
+/// What a client may send before it has authenticated on a node with a
+/// password (as Redis does): a handful of short arguments. Its requests
+/// are parsed one at a time, so an AUTH in a pipeline lifts the limits for
+/// the requests behind it.
+const UNAUTHENTICATED: protocol::Limits = protocol::Limits {
+    max_bulk: 16 << 10,
+    max_args: 10,
+    max_inline: 16 << 10,
+    max_request: 64 << 10,
+};
 
 /// Replies to a prefix of some engine commands, with their engine times;
 /// how long they waited (queue and hand-back); the commands left for later.
@@ -65,13 +77,25 @@ where
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let mut wbuf = BytesMut::new();
     let mut stop = state.shutdown.subscribe();
+    let mut hold = Hold::new(state.request_budget.clone());
     loop {
+        let authed = session.authed;
+        parser.set_limits(if authed {
+            state.limits
+        } else {
+            UNAUTHENTICATED
+        });
         let mut batch = Vec::new();
         let mut proto_err = None;
         let parse_start = Instant::now();
         loop {
             match parser.next_request(&mut rbuf) {
-                Ok(Some(req)) => batch.push(req),
+                Ok(Some(req)) => {
+                    batch.push(req);
+                    if !authed {
+                        break;
+                    }
+                }
                 Ok(None) => break,
                 Err(e) => {
                     proto_err = Some(e);
@@ -79,6 +103,14 @@ where
                 }
             }
         }
+        // Unauthenticated requests go one at a time: parse the next one
+        // (under the limits the last one left) before reading more.
+        let parse_again = !authed && !batch.is_empty() && !rbuf.is_empty();
+        // What the connection holds besides the batch, whose arguments are
+        // given back as it runs (a client that does not read its replies
+        // must not keep request memory it no longer uses).
+        shrink_read_buffer(&mut rbuf, &parser);
+        let idle = read_charge(&rbuf, &parser, 0);
         let mut after = After::Continue;
         if !batch.is_empty() {
             let parse = parse_start.elapsed();
@@ -90,9 +122,11 @@ where
                 parse,
                 &mut wbuf,
                 &mut stream,
+                (&mut hold, idle),
             )
             .await;
         }
+        hold.lower_to(idle);
         if let Some(e) = &proto_err {
             tracing::debug!(client = session.id, "protocol error: {e}");
             Reply::Error(format!("ERR {e}")).encode(session.resp, &mut wbuf);
@@ -118,10 +152,35 @@ where
         if *stop.borrow() {
             break;
         }
-        if rbuf.is_empty() && rbuf.capacity() > KEEP_BUFFER {
-            rbuf = BytesMut::with_capacity(READ_CHUNK);
+        if parse_again {
+            continue;
         }
-        rbuf.reserve(READ_CHUNK);
+        let missing = parser.bulk_missing(&rbuf);
+        let want = if missing == 0 { READ_CHUNK } else { missing };
+        if missing == 0 && rbuf.len() <= READ_CHUNK {
+            rbuf.reserve(READ_CHUNK);
+        }
+        shrink_read_buffer(&mut rbuf, &parser);
+        // Reading fills the buffer (up to its capacity) and, for a request
+        // in progress, adds to what it holds: both come out of the budget.
+        let holds = read_charge(&rbuf, &parser, want);
+        let read = parser.request_bytes_read() + rbuf.len();
+        match take_request_memory(&state, &mut hold, holds, read, &mut stop).await {
+            Taken::Yes => {}
+            Taken::Stopped => break,
+            Taken::No(e) => {
+                e.encode(session.resp, &mut wbuf);
+                let _ = stream.write_all(&wbuf).await;
+                break;
+            }
+        }
+        // Room for what is read next, allocated exactly (a pending value
+        // gets one buffer of its size, not a doubled one).
+        if rbuf.capacity() - rbuf.len() < want {
+            let mut grown = BytesMut::with_capacity(rbuf.len() + want);
+            grown.extend_from_slice(&rbuf);
+            rbuf = grown;
+        }
         tokio::select! {
             r = stream.read_buf(&mut rbuf) => match r {
                 Ok(0) | Err(_) => break,
@@ -130,7 +189,88 @@ where
             _ = stop.changed() => break,
         }
     }
+    drop(hold);
     let _ = stream.shutdown().await;
+}
+
+/// Replaces a read buffer grown past [`ALLOWANCE`] once what it holds and
+/// the value pending would fit a normal one: after a large value the
+/// buffer (or, through `reserve`, the value's whole allocation) would
+/// otherwise stay with the connection, and on the budget, while it idles.
+fn shrink_read_buffer(rbuf: &mut BytesMut, parser: &RequestParser) {
+    if rbuf.capacity() > ALLOWANCE && rbuf.len() + parser.bulk_missing(rbuf) <= READ_CHUNK {
+        let mut fresh = BytesMut::with_capacity(READ_CHUNK);
+        fresh.extend_from_slice(rbuf);
+        *rbuf = fresh;
+    }
+}
+
+/// What a connection holds once `want` more bytes fit its read buffer: the
+/// buffer, or the request in progress (its arguments read and the one
+/// pending), whichever is more.
+fn read_charge(rbuf: &BytesMut, parser: &RequestParser, want: usize) -> usize {
+    rbuf.capacity()
+        .max(rbuf.len() + want)
+        .max(parser.request_bytes())
+}
+
+/// How [`take_request_memory`] ended.
+enum Taken {
+    Yes,
+    /// The node is stopping.
+    Stopped,
+    /// Refused: this error goes to the client, then the connection closes.
+    No(Reply),
+}
+
+/// Makes `hold` cover `holds` bytes, of which `read` are read already,
+/// waiting (bounded by `request_memory_wait_ms`) while other connections
+/// hold the budget; see [`crate::budget`].
+async fn take_request_memory(
+    state: &NodeState,
+    hold: &mut Hold,
+    holds: usize,
+    read: usize,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> Taken {
+    let budget = &state.request_budget;
+    let refused = |hold: &mut Hold, why: String| {
+        hold.release();
+        budget.refusals.fetch_add(1, Ordering::Relaxed);
+        Taken::No(Reply::Error(format!(
+            "ERR request memory exhausted: {why} max-request-memory ({} bytes); send large requests one at a time or retry later",
+            budget.limit()
+        )))
+    };
+    match hold.adjust(holds, read) {
+        Grant::Granted => return Taken::Yes,
+        Grant::Refused => {
+            return refused(hold, "this request needs more than is left of".into());
+        }
+        Grant::Wait => {}
+    }
+    budget.waits.fetch_add(1, Ordering::Relaxed);
+    let limit = Duration::from_millis(state.config.request_memory_wait_ms);
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let freed = budget.freed();
+        tokio::pin!(freed);
+        // Registered before the attempt, so no wake-up is lost.
+        freed.as_mut().enable();
+        if hold.adjust(holds, read) == Grant::Granted {
+            return Taken::Yes;
+        }
+        tokio::select! {
+            _ = freed => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                return refused(
+                    hold,
+                    format!("waited {} ms for other clients' requests to leave room in", limit.as_millis()),
+                );
+            }
+            _ = stop.changed() => return Taken::Stopped,
+        }
+    }
 }
 
 /// How one request of a batch was answered, for metrics.
@@ -158,6 +298,7 @@ async fn run_batch<S: AsyncWrite + Unpin>(
     parse: Duration,
     out: &mut BytesMut,
     stream: &mut S,
+    (hold, idle): (&mut Hold, usize),
 ) -> After {
     let start = Instant::now();
     let mut slots = Vec::with_capacity(batch.len());
@@ -253,7 +394,14 @@ async fn run_batch<S: AsyncWrite + Unpin>(
         if slots.is_empty() {
             break;
         }
-        // The rest waits until the client has taken these replies.
+        // The rest waits until the client has taken these replies, holding
+        // only the request memory of the commands not run yet.
+        let rest_bytes: usize = rest
+            .iter()
+            .flat_map(|(_, args)| args.iter())
+            .map(|a| a.len() + protocol::ARG_OVERHEAD)
+            .sum();
+        hold.lower_to(idle + rest_bytes);
         if stream.write_all(out).await.is_err() {
             return After::Close;
         }

@@ -66,6 +66,17 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
         "clients" => {
             line("connected_clients", &c.clients.load(Ordering::Relaxed));
             line("maxclients", &state.config.maxclients);
+            let budget = &state.request_budget;
+            line("request_memory_bytes", &budget.used());
+            line("max_request_memory", &budget.limit());
+            line(
+                "request_memory_waits",
+                &budget.waits.load(Ordering::Relaxed),
+            );
+            line(
+                "request_memory_refusals",
+                &budget.refusals.load(Ordering::Relaxed),
+            );
         }
         "stats" => {
             let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);

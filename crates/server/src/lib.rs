@@ -16,6 +16,7 @@
 //! again.
 #![deny(missing_docs)]
 
+mod budget;
 mod cmd;
 pub mod config;
 mod conn;

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::flash::{FileDevice, FlashError, DEFAULT_PAGE_SIZE};
-use protocol::Limits;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, UnixListener};
 
+use crate::budget::RequestBudget;
 use crate::config::Config;
 use crate::error::ServerError;
 use crate::exec::Pools;
@@ -80,11 +80,8 @@ fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
 pub fn run(config: Config) -> Result<(), ServerError> {
     config.validate()?;
     let db = open_engine(&config)?;
-    let limits = Limits {
-        max_bulk: config.max_bulk_for(db.max_value_size()),
-        max_args: config.max_args,
-        max_inline: usize::try_from(config.max_inline.0).unwrap_or(usize::MAX),
-    };
+    let limits = config.limits_for(db.max_value_size())?;
+    let request_budget = RequestBudget::new(config.max_request_memory_for(&limits)?);
     let exec = Arc::new(
         Pools::start(config.read_threads(), config.write_threads())
             .map_err(ServerError::Runtime)?,
@@ -142,7 +139,7 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         tracing::warn!("{msg}");
         eprintln!("WARNING: {msg}");
     }
-    let mut state = NodeState::new(db, config.clone(), limits, addr.port());
+    let mut state = NodeState::new(db, config.clone(), limits, request_budget, addr.port());
     state.net_reads = {
         let _guard = runtime.enter();
         crate::netread::NetReads::start()

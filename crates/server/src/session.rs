@@ -226,6 +226,11 @@ fn settings(state: &NodeState) -> Vec<(&'static str, String)> {
         ("bind", c.listen.clone()),
         ("maxclients", c.maxclients.to_string()),
         ("proto-max-bulk-len", state.limits.max_bulk.to_string()),
+        ("max-request", state.limits.max_request.to_string()),
+        (
+            "max-request-memory",
+            state.request_budget.limit().to_string(),
+        ),
         ("max-reply", state.max_reply().to_string()),
         ("durability", c.durability.clone()),
         ("dir", c.data_dir.display().to_string()),

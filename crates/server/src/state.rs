@@ -7,6 +7,7 @@ use std::time::Instant;
 use parking_lot::{Mutex, RwLock};
 use protocol::Limits;
 
+use crate::budget::RequestBudget;
 use crate::cmd::COMMANDS;
 use crate::config::Config;
 use crate::cursor::CursorTable;
@@ -55,8 +56,10 @@ pub struct NodeState {
     pub db: engine::Db,
     /// Settings the node was started with.
     pub config: Config,
-    /// Parser limits for every connection.
+    /// Parser limits for every authenticated connection.
     pub limits: Limits,
+    /// Bytes all connections together may hold in requests being read.
+    pub request_budget: std::sync::Arc<RequestBudget>,
     /// Read-modify-write commands (SET with NX/XX/GET, DEL) take this
     /// exclusively, blind writes shared, so conditional writes are atomic.
     pub write_order: RwLock<()>,
@@ -83,13 +86,20 @@ pub struct NodeState {
 
 impl NodeState {
     /// State around an open engine.
-    pub fn new(db: engine::Db, config: Config, limits: Limits, tcp_port: u16) -> Self {
+    pub fn new(
+        db: engine::Db,
+        config: Config,
+        limits: Limits,
+        request_budget: std::sync::Arc<RequestBudget>,
+        tcp_port: u16,
+    ) -> Self {
         let sets_may_run_inline = !matches!(config.durability(), Ok(engine::Durability::Sync));
         NodeState {
             sets_may_run_inline,
             db,
             config,
             limits,
+            request_budget,
             write_order: RwLock::new(()),
             cursors: Mutex::new(CursorTable::new(crate::cursor::MAX_CURSORS)),
             counters: Counters::new(),

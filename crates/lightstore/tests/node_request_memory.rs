@@ -1,0 +1,382 @@
+//! What clients can make the node hold before a request runs: one request
+//! is bounded by `max_request` whatever its argument count, all requests
+//! being read together by `max_request_memory`, and a client that has not
+//! authenticated on a node with a password by a few small arguments.
+
+mod node_support;
+
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use node_support::{call, read_reply, Node, Resp};
+
+const MIB: usize = 1 << 20;
+
+/// Sends `input`, then reads until the node closes the connection (or 10 s).
+fn send_and_drain(n: &Node, input: &[u8]) -> String {
+    let mut s = n.connect();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(input);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A second connection still works.
+fn still_serving(n: &Node) {
+    let mut c = BufReader::new(n.connect());
+    assert_eq!(
+        call(&mut c, &[b"SET", b"k", b"v"]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(call(&mut c, &[b"GET", b"k"]), Resp::Bulk(b"v".to_vec()));
+}
+
+/// One INFO field as a number.
+fn info_field(n: &Node, name: &str) -> u64 {
+    let mut c = BufReader::new(n.connect());
+    let Resp::Bulk(text) = call(&mut c, &[b"INFO", b"clients"]) else {
+        panic!("INFO");
+    };
+    let text = String::from_utf8(text).expect("utf-8");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from INFO: {text}"))
+}
+
+/// Resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// The head of `SET key <len bytes>`: everything before the value.
+fn set_head(key: &str, len: usize) -> Vec<u8> {
+    format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${len}\r\n", key.len()).into_bytes()
+}
+
+/// The value stored under key number `i` (each 4 KiB marked with its place).
+fn value_of(i: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![i as u8; len];
+    for j in (0..len).step_by(4096) {
+        v[j] = (j / 4096 % 251) as u8;
+    }
+    v
+}
+
+#[test]
+fn max_request_bounds_one_request_whatever_its_argument_count() {
+    let n = Node::start(&["--max-bulk", "1M", "--max-request", "4M"]);
+    let value = vec![5u8; 900 << 10];
+    let mset = |count: usize| {
+        let mut args: Vec<Vec<u8>> = vec![b"MSET".to_vec()];
+        for i in 0..count {
+            args.push(format!("m{i}").into_bytes());
+            args.push(value.clone());
+        }
+        let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
+        node_support::encode(&refs)
+    };
+    // Four values of 900 KiB fit 4 MiB; five do not.
+    let mut c = BufReader::new(n.connect());
+    c.get_mut().write_all(&mset(4)).unwrap();
+    assert_eq!(read_reply(&mut c).unwrap(), Resp::Simple("OK".into()));
+    let got = send_and_drain(&n, &mset(5));
+    assert!(
+        got.starts_with("-ERR Protocol error: request larger than the limit of 4194304 bytes"),
+        "{got:?}"
+    );
+    assert_eq!(
+        call(&mut c, &[b"EXISTS", b"m4"]),
+        Resp::Int(0),
+        "nothing of the refused request was written"
+    );
+    match call(&mut c, &[b"CONFIG", b"GET", b"max-request"]) {
+        Resp::Array(v) => assert_eq!(v[1], Resp::Bulk(b"4194304".to_vec())),
+        other => panic!("CONFIG GET max-request: {other:?}"),
+    }
+    still_serving(&n);
+
+    // A request bound below the bulk bound cannot work: refused at start.
+    let tmp = tempfile::tempdir().unwrap();
+    match Node::start_in(tmp.path(), &["--max-request", "1M"]) {
+        Err((code, log)) => {
+            assert_ne!(code, Some(0));
+            assert!(log.contains("max_request"), "{log}");
+        }
+        Ok(_) => panic!("a node started with max_request below max_bulk"),
+    }
+}
+
+#[test]
+fn unauthenticated_clients_may_send_only_small_requests() {
+    let n = Node::start(&["--requirepass", "secret"]);
+    let got = send_and_drain(&n, &set_head("k", 100_000));
+    assert!(
+        got.starts_with("-ERR Protocol error: bulk length 100000 exceeds the limit of 16384"),
+        "{got:?}"
+    );
+    let got = send_and_drain(&n, b"*11\r\n");
+    assert!(
+        got.starts_with("-ERR Protocol error: 11 arguments"),
+        "{got:?}"
+    );
+    // AUTH pipelined in front of a large SET lifts the limits for the SET.
+    let value = value_of(1, 100_000);
+    let mut wire = node_support::encode(&[b"AUTH", b"secret"]);
+    wire.extend(node_support::encode(&[b"SET", b"big", &value]));
+    wire.extend(node_support::encode(&[b"GET", b"big"]));
+    let mut c = BufReader::new(n.connect());
+    c.get_mut().write_all(&wire).unwrap();
+    assert_eq!(read_reply(&mut c).unwrap(), Resp::Simple("OK".into()));
+    assert_eq!(read_reply(&mut c).unwrap(), Resp::Simple("OK".into()));
+    assert_eq!(read_reply(&mut c).unwrap(), Resp::Bulk(value));
+    // A wrong password keeps them.
+    let mut wire = node_support::encode(&[b"AUTH", b"wrong"]);
+    wire.extend(set_head("k", 20_000));
+    let got = send_and_drain(&n, &wire);
+    assert!(got.contains("-ERR Protocol error: bulk length"), "{got:?}");
+}
+
+/// Sixteen clients each start a 16 MiB SET, send half of it and stall. With
+/// 34 MiB of request memory, the node reads two of them and the rest wait
+/// (their bytes stay in the kernel's socket buffers, not in the node); when
+/// the clients send the rest, every SET completes and every value is intact.
+#[test]
+fn requests_being_read_share_a_node_wide_bound() {
+    let n = Node::start(&[
+        "--max-bulk",
+        "16M",
+        "--max-request",
+        "17M",
+        "--max-request-memory",
+        "34M",
+    ]);
+    let pid = n.child.id();
+    let before = rss_kib(pid);
+    let len = 16 * MIB;
+    let clients = 16;
+    let mut conns: Vec<TcpStream> = Vec::new();
+    let mut senders = Vec::new();
+    let mut go = Vec::new();
+    for i in 0..clients {
+        let s = n.connect();
+        let mut w = s.try_clone().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        go.push(tx);
+        senders.push(std::thread::spawn(move || {
+            let value = value_of(i, len);
+            w.write_all(&set_head(&format!("big{i}"), len)).unwrap();
+            // Blocks in the kernel for the connections the node does not read.
+            w.write_all(&value[..len / 2]).unwrap();
+            rx.recv().unwrap();
+            w.write_all(&value[len / 2..]).unwrap();
+            w.write_all(b"\r\n").unwrap();
+        }));
+        conns.push(s);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while info_field(&n, "request_memory_waits") < (clients - 2) as u64 {
+        assert!(Instant::now() < deadline, "connections never waited");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let grown = rss_kib(pid).saturating_sub(before);
+    assert!(
+        grown < 64 * 1024,
+        "node grew by {grown} KiB holding 16 half-read 16 MiB requests"
+    );
+    for tx in go {
+        tx.send(()).unwrap();
+    }
+    for (i, s) in conns.into_iter().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut r = BufReader::new(s);
+        assert_eq!(
+            read_reply(&mut r).unwrap(),
+            Resp::Simple("OK".into()),
+            "SET {i}"
+        );
+    }
+    for t in senders {
+        t.join().unwrap();
+    }
+    let mut c = BufReader::new(n.connect());
+    for i in 0..clients {
+        let key = format!("big{i}");
+        assert!(
+            call(&mut c, &[b"GET", key.as_bytes()]) == Resp::Bulk(value_of(i, len)),
+            "value {i} differs"
+        );
+    }
+    assert_eq!(info_field(&n, "request_memory_bytes"), 0);
+}
+
+/// A connection already holding part of a request that needs more than
+/// the budget has left is refused with a clear error, not left waiting on
+/// the others (which could be waiting on it); the others complete.
+#[test]
+fn a_half_read_request_that_cannot_grow_is_refused() {
+    let n = Node::start(&[
+        "--max-bulk",
+        "16M",
+        "--max-request",
+        "32M",
+        "--max-request-memory",
+        "32M",
+    ]);
+    let len = 16 * MIB;
+    // B holds most of 16 MiB: it announced a 16 MiB value and sent 1 MiB.
+    let mut b = n.connect();
+    b.write_all(&set_head("b", len)).unwrap();
+    let value_b = value_of(2, len);
+    b.write_all(&value_b[..MIB]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while info_field(&n, "request_memory_bytes") < 15 * MIB as u64 {
+        assert!(Instant::now() < deadline, "B never took its share");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A: MSET of two 12 MiB values; the first fits, the second does not.
+    let mut a = n.connect();
+    let small = 12 * MIB;
+    let first = value_of(1, small);
+    let mut wire = format!("*5\r\n$4\r\nMSET\r\n$2\r\na1\r\n${small}\r\n").into_bytes();
+    wire.extend_from_slice(&first);
+    wire.extend_from_slice(format!("\r\n$2\r\na2\r\n${small}\r\n").as_bytes());
+    wire.extend_from_slice(&first[..1024]);
+    a.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    a.write_all(&wire).unwrap();
+    let mut out = Vec::new();
+    let _ = a.read_to_end(&mut out);
+    let got = String::from_utf8_lossy(&out);
+    assert!(got.starts_with("-ERR request memory exhausted"), "{got:?}");
+    assert_eq!(info_field(&n, "request_memory_refusals"), 1);
+    // B completes.
+    b.write_all(&value_b[MIB..]).unwrap();
+    b.write_all(b"\r\n").unwrap();
+    let mut r = BufReader::new(b);
+    assert_eq!(read_reply(&mut r).unwrap(), Resp::Simple("OK".into()));
+    let mut c = BufReader::new(n.connect());
+    assert_eq!(call(&mut c, &[b"EXISTS", b"a1"]), Resp::Int(0));
+    assert!(call(&mut c, &[b"GET", b"b"]) == Resp::Bulk(value_b));
+    still_serving(&n);
+}
+
+/// Request memory is given back once requests are done: after a value over
+/// the allowance while the connection idles, and while a client that does
+/// not read its replies keeps the node waiting on it.
+#[test]
+fn request_memory_goes_back_when_requests_are_done() {
+    let n = Node::start(&[]);
+    let mut idle = BufReader::new(n.connect());
+    let value = value_of(3, 600 << 10);
+    assert_eq!(
+        call(&mut idle, &[b"SET", b"mid", &value]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(info_field(&n, "request_memory_bytes"), 0, "idle connection");
+    // 16 MiB SET and three GETs of it, replies never read.
+    let big = value_of(4, 16 * MIB);
+    let mut wire = node_support::encode(&[b"SET", b"big", &big]);
+    for _ in 0..3 {
+        wire.extend(node_support::encode(&[b"GET", b"big"]));
+    }
+    let mut s = n.connect();
+    s.write_all(&wire).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while info_field(&n, "request_memory_bytes") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "a client not reading its replies kept request memory"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut r = BufReader::new(s);
+    assert_eq!(read_reply(&mut r).unwrap(), Resp::Simple("OK".into()));
+    for i in 0..3 {
+        assert!(
+            read_reply(&mut r).unwrap() == Resp::Bulk(big.clone()),
+            "GET {i}"
+        );
+    }
+    assert_eq!(call(&mut idle, &[b"GET", b"mid"]), Resp::Bulk(value));
+}
+
+/// A connection that has read nothing of its next request waits for room
+/// even though its previous request held some (it gives that back first);
+/// a wait is bounded by `--request-memory-wait-ms`.
+#[test]
+fn waits_are_for_unread_requests_and_bounded() {
+    let n = Node::start(&[
+        "--max-bulk",
+        "20M",
+        "--max-request",
+        "21M",
+        "--max-request-memory",
+        "34M",
+        "--request-memory-wait-ms",
+        "1500",
+    ]);
+    let len_b = 16 * MIB;
+    let hold_b = |n: &Node| {
+        let mut b = n.connect();
+        b.write_all(&set_head("b", len_b)).unwrap();
+        b.write_all(&value_of(2, len_b)[..MIB]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while info_field(n, "request_memory_bytes") < 15 * MIB as u64 {
+            assert!(Instant::now() < deadline, "B never took its share");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        b
+    };
+    // D announces 20 MiB while B holds 16: D waits 1.5 s, then is refused.
+    let b = hold_b(&n);
+    let mut d = n.connect();
+    d.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let started = Instant::now();
+    d.write_all(&set_head("d", 20 * MIB)).unwrap();
+    let mut out = Vec::new();
+    let _ = d.read_to_end(&mut out);
+    let got = String::from_utf8_lossy(&out);
+    assert!(
+        got.starts_with("-ERR request memory exhausted: waited 1500 ms"),
+        "{got:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(1400));
+    drop(b);
+    // C pipelines a 4 MiB SET and the head of a 20 MiB one: the first is
+    // read and run, then C waits (having read nothing of the second)
+    // until B is done, and both complete.
+    let mut b = hold_b(&n);
+    let refusals = info_field(&n, "request_memory_refusals");
+    let waits = info_field(&n, "request_memory_waits");
+    let mut c = n.connect();
+    let c1 = value_of(5, 4 * MIB);
+    let mut wire = node_support::encode(&[b"SET", b"c1", &c1]);
+    wire.extend(set_head("c2", 20 * MIB));
+    c.write_all(&wire).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    assert_eq!(read_reply(&mut r).unwrap(), Resp::Simple("OK".into()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while info_field(&n, "request_memory_waits") == waits {
+        assert!(Instant::now() < deadline, "C never waited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    b.write_all(&value_of(2, len_b)[MIB..]).unwrap();
+    b.write_all(b"\r\n").unwrap();
+    let c2 = value_of(6, 20 * MIB);
+    c.write_all(&c2).unwrap();
+    c.write_all(b"\r\n").unwrap();
+    assert_eq!(read_reply(&mut r).unwrap(), Resp::Simple("OK".into()));
+    assert_eq!(info_field(&n, "request_memory_refusals"), refusals);
+    let mut q = BufReader::new(n.connect());
+    assert!(call(&mut q, &[b"GET", b"c2"]) == Resp::Bulk(c2));
+    assert!(call(&mut q, &[b"GET", b"c1"]) == Resp::Bulk(c1));
+}
