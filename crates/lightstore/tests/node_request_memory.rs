@@ -308,11 +308,60 @@ fn request_memory_goes_back_when_requests_are_done() {
     assert_eq!(call(&mut idle, &[b"GET", b"mid"]), Resp::Bulk(value));
 }
 
-/// A connection that has read nothing of its next request waits for room
-/// even though its previous request held some (it gives that back first);
-/// a wait is bounded by `--request-memory-wait-ms`.
+/// A client sending a `len`-byte SET of `key`: 1 MiB at once, then 1 KiB
+/// every 100 ms (so that it is not taken for a stalled client) until told
+/// to send the rest.
+struct Trickler {
+    go: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<TcpStream>,
+}
+
+impl Trickler {
+    fn start(n: &Node, key: &'static str, value: Vec<u8>) -> Trickler {
+        let mut s = n.connect();
+        let (go, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            s.write_all(&set_head(key, value.len())).unwrap();
+            s.write_all(&value[..MIB]).unwrap();
+            let mut sent = MIB;
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                rx.recv_timeout(Duration::from_millis(100))
+            {
+                let end = (sent + 1024).min(value.len() - 1);
+                s.write_all(&value[sent..end]).unwrap();
+                sent = end;
+            }
+            s.write_all(&value[sent..]).unwrap();
+            s.write_all(b"\r\n").unwrap();
+            s
+        });
+        Trickler { go, thread }
+    }
+
+    /// Sends the rest and returns the connection.
+    fn finish(self) -> TcpStream {
+        self.go.send(()).unwrap();
+        self.thread.join().unwrap()
+    }
+}
+
+/// Waits until the node has taken at least `bytes` of request memory.
+fn wait_for_request_memory(n: &Node, bytes: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while info_field(n, "request_memory_bytes") < bytes as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "request memory never reached {bytes}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A connection that has read nothing of its next request waits for room;
+/// a wait is bounded by `--request-memory-wait-ms`, and so is a stall of a
+/// client holding request memory.
 #[test]
-fn waits_are_for_unread_requests_and_bounded() {
+fn waits_and_stalls_are_bounded() {
     let n = Node::start(&[
         "--max-bulk",
         "20M",
@@ -324,19 +373,9 @@ fn waits_are_for_unread_requests_and_bounded() {
         "1500",
     ]);
     let len_b = 16 * MIB;
-    let hold_b = |n: &Node| {
-        let mut b = n.connect();
-        b.write_all(&set_head("b", len_b)).unwrap();
-        b.write_all(&value_of(2, len_b)[..MIB]).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while info_field(n, "request_memory_bytes") < 15 * MIB as u64 {
-            assert!(Instant::now() < deadline, "B never took its share");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        b
-    };
     // D announces 20 MiB while B holds 16: D waits 1.5 s, then is refused.
-    let b = hold_b(&n);
+    let b = Trickler::start(&n, "b", value_of(2, len_b));
+    wait_for_request_memory(&n, 15 * MIB);
     let mut d = n.connect();
     d.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let started = Instant::now();
@@ -349,11 +388,9 @@ fn waits_are_for_unread_requests_and_bounded() {
         "{got:?}"
     );
     assert!(started.elapsed() >= Duration::from_millis(1400));
-    drop(b);
     // C pipelines a 4 MiB SET and the head of a 20 MiB one: the first is
     // read and run, then C waits (having read nothing of the second)
     // until B is done, and both complete.
-    let mut b = hold_b(&n);
     let refusals = info_field(&n, "request_memory_refusals");
     let waits = info_field(&n, "request_memory_waits");
     let mut c = n.connect();
@@ -369,14 +406,34 @@ fn waits_are_for_unread_requests_and_bounded() {
         assert!(Instant::now() < deadline, "C never waited");
         std::thread::sleep(Duration::from_millis(20));
     }
-    b.write_all(&value_of(2, len_b)[MIB..]).unwrap();
-    b.write_all(b"\r\n").unwrap();
+    let b = b.finish();
     let c2 = value_of(6, 20 * MIB);
     c.write_all(&c2).unwrap();
     c.write_all(b"\r\n").unwrap();
     assert_eq!(read_reply(&mut r).unwrap(), Resp::Simple("OK".into()));
     assert_eq!(info_field(&n, "request_memory_refusals"), refusals);
+    let mut b = BufReader::new(b);
+    assert_eq!(read_reply(&mut b).unwrap(), Resp::Simple("OK".into()));
     let mut q = BufReader::new(n.connect());
     assert!(call(&mut q, &[b"GET", b"c2"]) == Resp::Bulk(c2));
     assert!(call(&mut q, &[b"GET", b"c1"]) == Resp::Bulk(c1));
+    assert!(call(&mut q, &[b"GET", b"b"]) == Resp::Bulk(value_of(2, len_b)));
+
+    // E sends 1 MiB of a 16 MiB value and stops: closed after 1.5 s, and
+    // its request memory is back.
+    let mut e = n.connect();
+    e.write_all(&set_head("e", len_b)).unwrap();
+    e.write_all(&value_of(7, MIB)).unwrap();
+    wait_for_request_memory(&n, 15 * MIB);
+    e.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut out = Vec::new();
+    let _ = e.read_to_end(&mut out);
+    let got = String::from_utf8_lossy(&out);
+    assert!(
+        got.starts_with("-ERR request timed out: no bytes for 1500 ms"),
+        "{got:?}"
+    );
+    assert_eq!(info_field(&n, "request_memory_stalls"), 1);
+    assert_eq!(info_field(&n, "request_memory_bytes"), 0);
+    assert_eq!(call(&mut q, &[b"EXISTS", b"e"]), Resp::Int(0));
 }

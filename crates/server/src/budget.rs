@@ -36,6 +36,9 @@ pub struct RequestBudget {
     /// Connections refused more bytes in the middle of a request (counted
     /// by the caller).
     pub refusals: AtomicU64,
+    /// Connections closed for sending nothing while holding budget
+    /// (counted by the caller).
+    pub stalls: AtomicU64,
 }
 
 /// What [`Hold::adjust`] decided.
@@ -58,6 +61,7 @@ impl RequestBudget {
             freed: Notify::new(),
             waits: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
+            stalls: AtomicU64::new(0),
         })
     }
 
@@ -109,7 +113,6 @@ impl Hold {
     }
 
     /// Bytes taken from the budget.
-    #[cfg(test)]
     pub fn held(&self) -> usize {
         self.held
     }

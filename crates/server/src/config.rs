@@ -95,7 +95,9 @@ pub struct Config {
     /// is closed, so two half-read requests can never wait on each other.
     pub max_request_memory: Option<Size>,
     /// How long a connection may wait for request memory before it gets
-    /// `-ERR request memory exhausted` and is closed (default 30000 ms).
+    /// `-ERR request memory exhausted` and is closed, and how long one
+    /// holding request memory may send nothing before it is closed
+    /// (default 30000 ms).
     pub request_memory_wait_ms: u64,
     /// Most value bytes one reply may carry (MGET, RANGE); a command that
     /// would return more is refused with `-ERR reply too large`, before its

@@ -181,11 +181,32 @@ where
             grown.extend_from_slice(&rbuf);
             rbuf = grown;
         }
+        // A client holding request memory must keep sending: one that
+        // stalls for the wait bound gives it back by being closed.
+        let stall_limit = Duration::from_millis(state.config.request_memory_wait_ms);
+        let stalled = async {
+            if hold.held() > 0 {
+                tokio::time::sleep(stall_limit).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             r = stream.read_buf(&mut rbuf) => match r {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             },
+            _ = stalled => {
+                hold.release();
+                state.request_budget.stalls.fetch_add(1, Ordering::Relaxed);
+                Reply::Error(format!(
+                    "ERR request timed out: no bytes for {} ms while holding request memory",
+                    stall_limit.as_millis()
+                ))
+                .encode(session.resp, &mut wbuf);
+                let _ = stream.write_all(&wbuf).await;
+                break;
+            }
             _ = stop.changed() => break,
         }
     }

@@ -77,6 +77,10 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
                 "request_memory_refusals",
                 &budget.refusals.load(Ordering::Relaxed),
             );
+            line(
+                "request_memory_stalls",
+                &budget.stalls.load(Ordering::Relaxed),
+            );
         }
         "stats" => {
             let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
