@@ -24,8 +24,13 @@ use crate::state::{Counters, NodeState};
 
 /// Write buffers larger than this are released after use.
 const KEEP_BUFFER: usize = 1 << 20;
-/// Bytes read per `read` call (more when a large bulk string is pending).
+/// Bytes read per `read` call at first (more when a large bulk string is
+/// pending).
 const READ_CHUNK: usize = 64 << 10;
+/// Most bytes read per `read` call when no large value is pending: the read
+/// size doubles from [`READ_CHUNK`] while reads fill it, staying within the
+/// connection's free [`ALLOWANCE`] with room for a partial request.
+const MAX_READ_ROOM: usize = 192 << 10;
 /// Longest run of plain SETs the network thread writes itself when the
 /// engine needs no waiting for it (see `data::try_sets_inline`). Longer
 /// runs go to the executor pool, where runs of several connections merge
@@ -78,6 +83,7 @@ where
     let mut wbuf = BytesMut::new();
     let mut stop = state.shutdown.subscribe();
     let mut hold = Hold::new(state.request_budget.clone());
+    let mut read_room = READ_CHUNK;
     loop {
         let authed = session.authed;
         parser.set_limits(if authed {
@@ -109,7 +115,8 @@ where
         // What the connection holds besides the batch, whose arguments are
         // given back as it runs (a client that does not read its replies
         // must not keep request memory it no longer uses).
-        shrink_read_buffer(&mut rbuf, &parser);
+        let missing = parser.bulk_missing(&rbuf);
+        shrink_read_buffer(&mut rbuf, missing);
         let idle = read_charge(&rbuf, &parser, 0);
         let mut after = After::Continue;
         if !batch.is_empty() {
@@ -155,15 +162,23 @@ where
         if parse_again {
             continue;
         }
+        // Room for the next read: a pending value's rest if it is large,
+        // else the connection's read size (which grows while reads fill it,
+        // so that one read takes a whole pipeline of small requests).
         let missing = parser.bulk_missing(&rbuf);
-        let want = if missing == 0 { READ_CHUNK } else { missing };
-        if missing == 0 && rbuf.len() <= READ_CHUNK {
-            rbuf.reserve(READ_CHUNK);
+        let large = rbuf.len() + missing > ALLOWANCE;
+        let room = if large {
+            missing
+        } else {
+            missing.max(read_room)
+        };
+        if !large {
+            make_room(&mut rbuf, room);
         }
-        shrink_read_buffer(&mut rbuf, &parser);
+        shrink_read_buffer(&mut rbuf, room);
         // Reading fills the buffer (up to its capacity) and, for a request
         // in progress, adds to what it holds: both come out of the budget.
-        let holds = read_charge(&rbuf, &parser, want);
+        let holds = read_charge(&rbuf, &parser, room);
         let read = parser.request_bytes_read() + rbuf.len();
         match take_request_memory(&state, &mut hold, holds, read, &mut stop).await {
             Taken::Yes => {}
@@ -174,13 +189,11 @@ where
                 break;
             }
         }
-        // Room for what is read next, allocated exactly (a pending value
-        // gets one buffer of its size, not a doubled one).
-        if rbuf.capacity() - rbuf.len() < want {
-            let mut grown = BytesMut::with_capacity(rbuf.len() + want);
-            grown.extend_from_slice(&rbuf);
-            rbuf = grown;
+        // A large value gets one buffer of its size, once the budget allows.
+        if large {
+            make_room(&mut rbuf, room);
         }
+        let spare = rbuf.capacity() - rbuf.len();
         // A client holding request memory must keep sending: one that
         // stalls for the wait bound gives it back by being closed.
         let stall_limit = Duration::from_millis(state.config.request_memory_wait_ms);
@@ -194,7 +207,11 @@ where
         tokio::select! {
             r = stream.read_buf(&mut rbuf) => match r {
                 Ok(0) | Err(_) => break,
-                Ok(_) => {}
+                Ok(n) => {
+                    if n == spare {
+                        read_room = (read_room * 2).min(MAX_READ_ROOM);
+                    }
+                }
             },
             _ = stalled => {
                 hold.release();
@@ -214,13 +231,25 @@ where
     let _ = stream.shutdown().await;
 }
 
+/// Makes room for `room` more bytes in `rbuf`: in its own allocation if
+/// that is free (the requests split off it are gone), else in a new one of
+/// exactly the size needed (never a doubled one).
+fn make_room(rbuf: &mut BytesMut, room: usize) {
+    if rbuf.try_reclaim(room) {
+        return;
+    }
+    let mut grown = BytesMut::with_capacity(rbuf.len() + room);
+    grown.extend_from_slice(rbuf);
+    *rbuf = grown;
+}
+
 /// Replaces a read buffer grown past [`ALLOWANCE`] once what it holds and
-/// the value pending would fit a normal one: after a large value the
-/// buffer (or, through `reserve`, the value's whole allocation) would
-/// otherwise stay with the connection, and on the budget, while it idles.
-fn shrink_read_buffer(rbuf: &mut BytesMut, parser: &RequestParser) {
-    if rbuf.capacity() > ALLOWANCE && rbuf.len() + parser.bulk_missing(rbuf) <= READ_CHUNK {
-        let mut fresh = BytesMut::with_capacity(READ_CHUNK);
+/// the next read fit under it: after a large value the buffer (or, through
+/// `try_reclaim`, the value's whole allocation) would otherwise stay with
+/// the connection, and on the budget, while it idles.
+fn shrink_read_buffer(rbuf: &mut BytesMut, room: usize) {
+    if rbuf.capacity() > ALLOWANCE && rbuf.len() + room <= ALLOWANCE {
+        let mut fresh = BytesMut::with_capacity(rbuf.len() + room);
         fresh.extend_from_slice(rbuf);
         *rbuf = fresh;
     }
