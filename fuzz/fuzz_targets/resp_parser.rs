@@ -1,5 +1,6 @@
 //! Feeds arbitrary bytes to the RESP request parser, whole and split in two:
-//! it must never panic, and splitting must not change what it parses.
+//! it must never panic, splitting must not change what it parses, and what
+//! it says a request holds stays within `max_request`.
 #![no_main]
 
 use bytes::BytesMut;
@@ -7,7 +8,12 @@ use libfuzzer_sys::fuzz_target;
 use protocol::{Limits, RequestParser};
 
 fn parse(chunks: &[&[u8]]) -> (Vec<Vec<bytes::Bytes>>, bool) {
-    let limits = Limits { max_bulk: 1 << 20, max_args: 1 << 12, max_inline: 1 << 12 };
+    let limits = Limits {
+        max_bulk: 1 << 20,
+        max_args: 1 << 12,
+        max_inline: 1 << 12,
+        max_request: 1 << 21,
+    };
     let mut p = RequestParser::new(limits);
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
@@ -16,7 +22,11 @@ fn parse(chunks: &[&[u8]]) -> (Vec<Vec<bytes::Bytes>>, bool) {
         loop {
             match p.next_request(&mut buf) {
                 Ok(Some(r)) => out.push(r),
-                Ok(None) => break,
+                Ok(None) => {
+                    assert!(p.request_bytes() <= limits.max_request);
+                    assert!(p.request_bytes_read() <= p.request_bytes());
+                    break;
+                }
                 Err(_) => return (out, true),
             }
         }

@@ -48,7 +48,12 @@ proptest! {
         for _ in 0..64 {
             match p.next_request(&mut buf) {
                 Ok(Some(_)) => continue,
-                Ok(None) | Err(_) => break,
+                Ok(None) => {
+                    prop_assert!(p.request_bytes() <= 1 << 18);
+                    prop_assert!(p.request_bytes_read() <= p.request_bytes());
+                    break;
+                }
+                Err(_) => break,
             }
         }
     }

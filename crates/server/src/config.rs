@@ -239,6 +239,19 @@ impl Config {
             return bad("capacity", "must be at least 64M");
         }
         let explicit = |v: Option<Size>| v.map(|Size(n)| usize::try_from(n).unwrap_or(usize::MAX));
+        // A client may make the node allocate what it announces (once the
+        // request memory allows): keep that within reason.
+        if explicit(self.max_bulk).is_some_and(|n| n > 1 << 30) {
+            return bad("max_bulk", "must be at most 1G");
+        }
+        if explicit(self.max_request).is_some_and(|n| n > 4 << 30) {
+            return bad("max_request", "must be at most 4G");
+        }
+        // Partial inline lines stay in the read buffer, within the 256K a
+        // connection holds without touching the request-memory budget.
+        if self.max_inline.0 > 128 << 10 {
+            return bad("max_inline", "must be at most 128K");
+        }
         if let (Some(bulk), Some(request)) = (explicit(self.max_bulk), explicit(self.max_request)) {
             if request < bulk.saturating_add(REQUEST_SLACK) {
                 return bad("max_request", "must be at least max_bulk + 64K");

@@ -31,6 +31,8 @@ const READ_CHUNK: usize = 64 << 10;
 /// size doubles from [`READ_CHUNK`] while reads fill it, staying within the
 /// connection's free [`ALLOWANCE`] with room for a partial request.
 const MAX_READ_ROOM: usize = 192 << 10;
+/// Least room a read is given.
+const MIN_ROOM: usize = 16 << 10;
 /// Longest run of plain SETs the network thread writes itself when the
 /// engine needs no waiting for it (see `data::try_sets_inline`). Longer
 /// runs go to the executor pool, where runs of several connections merge
@@ -166,14 +168,16 @@ where
         // else the connection's read size (which grows while reads fill it,
         // so that one read takes a whole pipeline of small requests).
         let missing = parser.bulk_missing(&rbuf);
-        let large = rbuf.len() + missing > ALLOWANCE;
+        let large = missing > 0 && rbuf.len() + missing > ALLOWANCE;
         let room = if large {
             missing
         } else {
-            missing.max(read_room)
+            // Within the allowance: such reads never touch the budget.
+            let free = ALLOWANCE.saturating_sub(rbuf.len());
+            missing.max(read_room.min(free)).max(MIN_ROOM)
         };
         if !large {
-            make_room(&mut rbuf, room);
+            make_small_room(&mut rbuf, room, parser.request_bytes() > 0);
         }
         shrink_read_buffer(&mut rbuf, room);
         // Reading fills the buffer (up to its capacity) and, for a request
@@ -190,8 +194,8 @@ where
             }
         }
         // A large value gets one buffer of its size, once the budget allows.
-        if large {
-            make_room(&mut rbuf, room);
+        if large && rbuf.capacity() - rbuf.len() < room {
+            rbuf = exact_copy(&rbuf, room);
         }
         let spare = rbuf.capacity() - rbuf.len();
         // A client holding request memory must keep sending: one that
@@ -208,8 +212,11 @@ where
             r = stream.read_buf(&mut rbuf) => match r {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if n == spare {
+                    if large {
+                    } else if n == spare {
                         read_room = (read_room * 2).min(MAX_READ_ROOM);
+                    } else if n < spare / 4 {
+                        read_room = (read_room / 2).max(READ_CHUNK);
                     }
                 }
             },
@@ -231,16 +238,25 @@ where
     let _ = stream.shutdown().await;
 }
 
-/// Makes room for `room` more bytes in `rbuf`: in its own allocation if
-/// that is free (the requests split off it are gone), else in a new one of
-/// exactly the size needed (never a doubled one).
-fn make_room(rbuf: &mut BytesMut, room: usize) {
-    if rbuf.try_reclaim(room) {
+/// Makes room for `room` more bytes in `rbuf` (a small read): in its own
+/// allocation if that is free, else in a new one of exactly that size. While
+/// a request is in progress its arguments still share the allocation, so a
+/// spare of [`MIN_ROOM`] is used as it is: a new buffer per read would leave
+/// each old one alive for the sake of a few bytes of argument, and a client
+/// sending one tiny argument per packet could pin gigabytes while being
+/// charged for bytes.
+fn make_small_room(rbuf: &mut BytesMut, room: usize, in_request: bool) {
+    if rbuf.try_reclaim(room) || (in_request && rbuf.capacity() - rbuf.len() >= MIN_ROOM) {
         return;
     }
+    *rbuf = exact_copy(rbuf, room);
+}
+
+/// A new buffer holding `rbuf`'s bytes with room for exactly `room` more.
+fn exact_copy(rbuf: &BytesMut, room: usize) -> BytesMut {
     let mut grown = BytesMut::with_capacity(rbuf.len() + room);
     grown.extend_from_slice(rbuf);
-    *rbuf = grown;
+    grown
 }
 
 /// Replaces a read buffer grown past [`ALLOWANCE`] once what it holds and
@@ -249,9 +265,7 @@ fn make_room(rbuf: &mut BytesMut, room: usize) {
 /// the connection, and on the budget, while it idles.
 fn shrink_read_buffer(rbuf: &mut BytesMut, room: usize) {
     if rbuf.capacity() > ALLOWANCE && rbuf.len() + room <= ALLOWANCE {
-        let mut fresh = BytesMut::with_capacity(rbuf.len() + room);
-        fresh.extend_from_slice(rbuf);
-        *rbuf = fresh;
+        *rbuf = exact_copy(rbuf, room);
     }
 }
 
