@@ -86,6 +86,9 @@ where
     let mut stop = state.shutdown.subscribe();
     let mut hold = Hold::new(state.request_budget.clone());
     let mut read_room = READ_CHUNK;
+    // Spare room of buffers left behind, still shared with the arguments of
+    // the request in progress (see `make_small_room`).
+    let mut abandoned = 0;
     loop {
         let authed = session.authed;
         parser.set_limits(if authed {
@@ -176,8 +179,11 @@ where
             let free = ALLOWANCE.saturating_sub(rbuf.len());
             missing.max(read_room.min(free)).max(MIN_ROOM)
         };
+        if parser.request_bytes() == 0 {
+            abandoned = 0;
+        }
         if !large {
-            make_small_room(&mut rbuf, room, parser.request_bytes() > 0);
+            make_small_room(&mut rbuf, room, &parser, &mut abandoned);
         }
         shrink_read_buffer(&mut rbuf, room);
         // Reading fills the buffer (up to its capacity) and, for a request
@@ -212,11 +218,8 @@ where
             r = stream.read_buf(&mut rbuf) => match r {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if large {
-                    } else if n == spare {
+                    if !large && n == spare {
                         read_room = (read_room * 2).min(MAX_READ_ROOM);
-                    } else if n < spare / 4 {
-                        read_room = (read_room / 2).max(READ_CHUNK);
                     }
                 }
             },
@@ -239,15 +242,27 @@ where
 }
 
 /// Makes room for `room` more bytes in `rbuf` (a small read): in its own
-/// allocation if that is free, else in a new one of exactly that size. While
-/// a request is in progress its arguments still share the allocation, so a
-/// spare of [`MIN_ROOM`] is used as it is: a new buffer per read would leave
-/// each old one alive for the sake of a few bytes of argument, and a client
-/// sending one tiny argument per packet could pin gigabytes while being
-/// charged for bytes.
-fn make_small_room(rbuf: &mut BytesMut, room: usize, in_request: bool) {
-    if rbuf.try_reclaim(room) || (in_request && rbuf.capacity() - rbuf.len() >= MIN_ROOM) {
+/// allocation if that is free, else in a new one of exactly that size. The
+/// old allocation lives on while arguments of the request in progress
+/// share it, its spare room wasted (`abandoned`): once that waste exceeds
+/// what the request itself holds, reads go to the spare room as it is (if
+/// at least [`MIN_ROOM`]), so a client sending one tiny argument per packet
+/// cannot pin a buffer per argument while it is charged for bytes.
+fn make_small_room(
+    rbuf: &mut BytesMut,
+    room: usize,
+    parser: &RequestParser,
+    abandoned: &mut usize,
+) {
+    if rbuf.try_reclaim(room) {
         return;
+    }
+    let spare = rbuf.capacity() - rbuf.len();
+    if parser.request_bytes() > 0 {
+        if *abandoned > parser.request_bytes() && spare >= MIN_ROOM {
+            return;
+        }
+        *abandoned += spare;
     }
     *rbuf = exact_copy(rbuf, room);
 }
