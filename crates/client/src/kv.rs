@@ -10,6 +10,10 @@ use protocol::Reply;
 use crate::cluster::{Cluster, Inner};
 use crate::error::{ClientError, Result};
 
+/// Most key, version and value bytes in one VSET request; a larger batch
+/// goes to a node as several pipelined VSETs (each pair stays atomic).
+const MAX_WRITE_REQUEST: usize = 16 << 20;
+
 impl Cluster {
     /// Stores `value` under `key` on its replicas.
     pub fn set(&self, key: &[u8], value: &[u8]) -> Result<()> {
@@ -184,16 +188,29 @@ impl Inner {
         let jobs: Vec<(usize, Vec<usize>)> = per_node.into_iter().collect();
         let groups: Vec<Vec<usize>> = jobs.iter().map(|(_, idx)| idx.clone()).collect();
         let results = self.fan_out(jobs, |node, idx| {
+            // VSETs of at most MAX_WRITE_REQUEST bytes each (at least one
+            // pair), pipelined: a node bounds one request (`max_request`)
+            // and the request memory all clients hold while it is read.
+            let mut reqs: Vec<Vec<&[u8]>> = Vec::new();
             let mut vset: Vec<&[u8]> = vec![b"VSET"];
+            let mut vset_bytes = 0;
             let mut vdel: Vec<&[u8]> = vec![b"VDEL"];
             for &e in &idx {
                 let (key, value) = entries[e];
                 match value {
-                    Some(v) => vset.extend([key, version_text.as_bytes(), v]),
+                    Some(v) => {
+                        let n = key.len() + version_text.len() + v.len();
+                        if vset.len() > 1 && vset_bytes + n > MAX_WRITE_REQUEST {
+                            reqs.push(std::mem::replace(&mut vset, vec![b"VSET"]));
+                            vset_bytes = 0;
+                        }
+                        vset.extend([key, version_text.as_bytes(), v]);
+                        vset_bytes += n;
+                    }
                     None => vdel.extend([key, version_text.as_bytes()]),
                 }
             }
-            let reqs: Vec<Vec<&[u8]>> = [vset, vdel].into_iter().filter(|r| r.len() > 1).collect();
+            reqs.extend([vset, vdel].into_iter().filter(|r| r.len() > 1));
             self.with_conn(node, |c| {
                 let replies = c.pipeline(&reqs)?;
                 replies.into_iter().try_for_each(|r| c.check(r).map(drop))

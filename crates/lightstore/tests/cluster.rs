@@ -417,3 +417,29 @@ fn client_splits_mgets_a_node_refuses_as_too_large() {
     let report = c.repair().expect("repair over a small max-reply");
     assert_eq!(report.keys, 12);
 }
+
+/// A batch larger than a node's `max_request` goes as several VSETs of at
+/// most 16 MiB: 4 values of 8 MiB to one node bounded at 17 MiB a request.
+#[test]
+fn client_splits_large_write_batches() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _node = Node::start_at(
+        tmp.path(),
+        &addr,
+        &["--max-bulk", "16M", "--max-request", "17M"],
+    )
+    .unwrap_or_else(|(code, log)| panic!("node failed ({code:?}):\n{log}"));
+    let mut cfg = ClusterConfig::new([addr]);
+    cfg.replicas = Some(1);
+    cfg.timeout_ms = 10_000;
+    let c = Cluster::connect(cfg).expect("client");
+    let value = |i: usize| vec![i as u8 + 1; 8 << 20];
+    let keys: Vec<Vec<u8>> = (0..4).map(key).collect();
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = keys.iter().cloned().zip((0..4).map(value)).collect();
+    c.mset(&pairs).expect("mset of 32 MiB to one node");
+    let got = c.mget(&keys).expect("mget");
+    for (i, v) in got.iter().enumerate() {
+        assert!(v.as_deref() == Some(&value(i)[..]), "key {i}");
+    }
+}
