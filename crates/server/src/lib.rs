@@ -31,6 +31,7 @@ mod metrics_http;
 mod netread;
 mod node;
 mod prom;
+mod readbuf;
 mod session;
 mod size;
 mod slowlog;
