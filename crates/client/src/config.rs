@@ -32,10 +32,17 @@ pub struct ClusterConfig {
     /// How often a node marked down is tried again, milliseconds (default 500).
     #[serde(default = "default_retry_ms")]
     pub retry_interval_ms: u64,
-    /// Password for `AUTH`, when the nodes require one.
+    /// Password for `AUTH`, when the nodes require one. Tools built on the
+    /// client also take it from [`PASSWORD_ENV`] (see
+    /// [`ClusterConfig::password_from_env`]), which, unlike a flag, other
+    /// local users cannot read in `ps`.
     #[serde(default)]
     pub password: Option<String>,
 }
+
+/// The environment variable the `lightstore` tools and the YCSB binding
+/// read the cluster's password from when the configuration gives none.
+pub const PASSWORD_ENV: &str = "LIGHTSTORE_PASSWORD";
 
 fn default_timeout_ms() -> u64 {
     2000
@@ -83,6 +90,15 @@ impl ClusterConfig {
             .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Takes the password from `value` (the caller reads [`PASSWORD_ENV`])
+    /// when the configuration has none; a password written in the
+    /// configuration wins. An empty value counts as none.
+    pub fn password_from_env(&mut self, value: Option<String>) {
+        if self.password.is_none() {
+            self.password = value.filter(|v| !v.is_empty());
+        }
     }
 
     /// Checks the configuration makes sense.
@@ -190,5 +206,18 @@ mod tests {
             "unknown keys are refused"
         );
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn password_from_the_environment_only_when_none_is_configured() {
+        let mut cfg = ClusterConfig::new(["127.0.0.1:1"]);
+        cfg.password_from_env(None);
+        assert_eq!(cfg.password, None);
+        cfg.password_from_env(Some(String::new()));
+        assert_eq!(cfg.password, None);
+        cfg.password_from_env(Some("from-env".into()));
+        assert_eq!(cfg.password.as_deref(), Some("from-env"));
+        cfg.password_from_env(Some("other".into()));
+        assert_eq!(cfg.password.as_deref(), Some("from-env"));
     }
 }

@@ -20,7 +20,7 @@ pub mod ring;
 mod status;
 
 pub use cluster::Cluster;
-pub use config::ClusterConfig;
+pub use config::{ClusterConfig, PASSWORD_ENV};
 pub use conn::Conn;
 pub use error::{ClientError, Result};
 pub use repair::RepairReport;

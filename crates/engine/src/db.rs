@@ -439,6 +439,11 @@ impl DbInner {
         if ops.is_empty() {
             return Ok(true);
         }
+        // Before the background error the failure may also have caused:
+        // the caller is told the device failed, not just "stopped".
+        if let Some(why) = self.vlog.failure() {
+            return Err(Error::DeviceFailed(why));
+        }
         if let Some(e) = self.bg_error.lock().clone() {
             return Err(Error::Stopped(e));
         }
@@ -1016,6 +1021,7 @@ impl DbInner {
             erase_count_max: fstats.erase_count_max,
             last_seq: self.visible_seq.load(Ordering::Acquire),
             host_full: self.vlog.stalled().is_some() || self.boot_checkpoint.lock().is_some(),
+            device_failed: self.vlog.failure(),
         }
     }
 }

@@ -73,6 +73,12 @@ pub enum Error {
     /// A call's arguments are inconsistent with each other.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The device failed a write or a sync. Writes since the last good sync
+    /// may be lost (after a failed `fsync` the kernel may drop the pages it
+    /// could not write), so no further write is acknowledged until the
+    /// store is reopened; reads go on. Reopening recovers what is durable.
+    #[error("IOERR {0} (reads still work; restart the node to recover what is durable)")]
+    DeviceFailed(String),
     /// The engine was shut down or a background task failed; see the log.
     #[error("engine stopped: {0}")]
     Stopped(String),
@@ -89,6 +95,7 @@ impl From<FlashError> for Error {
         match e {
             FlashError::NoSpace => Error::NoSpace,
             e @ FlashError::HostFull(_) => Error::HostFull(e.to_string()),
+            e @ FlashError::SyncFailed(_) => Error::DeviceFailed(e.to_string()),
             FlashError::ChecksumMismatch {
                 what,
                 expected,

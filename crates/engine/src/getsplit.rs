@@ -145,7 +145,7 @@ mod tests {
 
     #[test]
     fn answers_what_get_answers() {
-        if !flash::io_uring_available() {
+        if !flash::io_uring_for_tests() {
             return;
         }
         let (_dir, db) = file_db(Options::small_for_tests());
@@ -171,7 +171,7 @@ mod tests {
 
     #[test]
     fn a_failed_read_is_left_to_get() {
-        if !flash::io_uring_available() {
+        if !flash::io_uring_for_tests() {
             return;
         }
         let (_dir, db) = file_db(Options::small_for_tests());
@@ -221,7 +221,7 @@ mod tests {
     /// the read brings other bytes, which must not be answered.
     #[test]
     fn a_read_that_raced_gc_is_left_to_get() {
-        if !flash::io_uring_available() {
+        if !flash::io_uring_for_tests() {
             return;
         }
         let (_dir, db) = file_db(Options::small_for_tests());

@@ -97,4 +97,7 @@ pub struct Stats {
     /// Writes are refused because the host file system holding the device
     /// file is full; they resume by themselves once space is freed there.
     pub host_full: bool,
+    /// Why every write is refused until the store is reopened (a device
+    /// write or sync failed), if it is.
+    pub device_failed: Option<String>,
 }

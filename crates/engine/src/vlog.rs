@@ -157,6 +157,8 @@ pub struct ValueLog {
     on_device_below: AtomicU64,
     /// Set when a chunk is sealed; the write-behind thread waits on it.
     flusher_work: Mutex<bool>,
+    /// `inner.failed.is_some()`, read without the lock by [`Self::failure`].
+    has_failed: std::sync::atomic::AtomicBool,
     flusher_cv: Condvar,
 }
 
@@ -248,6 +250,7 @@ impl ValueLog {
             on_device_below: AtomicU64::new(0),
             flusher_work: Mutex::new(false),
             flusher_cv: Condvar::new(),
+            has_failed: std::sync::atomic::AtomicBool::new(false),
         };
         {
             let mut inner = log.inner.lock();
@@ -511,7 +514,11 @@ impl ValueLog {
     ) -> Result<u64> {
         let mut inner = self.inner.lock();
         if let Some(f) = &inner.failed {
-            return Err(Error::Stopped(f.clone()));
+            return Err(Error::DeviceFailed(f.clone()));
+        }
+        if let Some(why) = self.flash.sync_failure() {
+            // A checkpoint's sync failed (the log's own failures are above).
+            return Err(Error::DeviceFailed(format!("device sync failed: {why}")));
         }
         if let Some(why) = &inner.stalled {
             return Err(Error::HostFull(why.clone()));
@@ -636,8 +643,13 @@ impl ValueLog {
                     inner.stalled = Some(msg.clone());
                     return Err(Error::HostFull(msg));
                 }
-                inner.failed = Some(format!("value log write failed: {e}"));
-                return Err(e.into());
+                drop(inner);
+                if matches!(e, flash::FlashError::PowerLoss) {
+                    return Err(e.into());
+                }
+                let why = format!("value log write failed: {e}");
+                self.fail(&why);
+                return Err(Error::DeviceFailed(why));
             }
             {
                 let mut inner = self.inner.lock();
@@ -673,6 +685,29 @@ impl ValueLog {
         self.flusher_cv.notify_all();
     }
 
+    /// Refuses every later append for good (until the store is reopened):
+    /// a device write or sync failed, so what follows could be acknowledged
+    /// without being durable.
+    fn fail(&self, why: &str) {
+        let mut inner = self.inner.lock();
+        if inner.failed.is_none() {
+            tracing::error!(error = %why, "value log: the device failed; no further write is acknowledged until the store is reopened");
+            inner.failed = Some(why.to_string());
+            self.has_failed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Why the log refuses every write until the store is reopened (a
+    /// device write or sync failed), if it does.
+    pub fn failure(&self) -> Option<String> {
+        if self.has_failed.load(Ordering::Acquire) {
+            return self.inner.lock().failed.clone();
+        }
+        self.flash
+            .sync_failure()
+            .map(|why| format!("device sync failed: {why}"))
+    }
+
     /// Why appends are refused for want of host space, if they are.
     pub fn stalled(&self) -> Option<String> {
         self.inner.lock().stalled.clone()
@@ -699,6 +734,11 @@ impl ValueLog {
             s.syncing = true;
             drop(s);
             let result = self.seal_and_sync();
+            if let Err(Error::DeviceFailed(why)) = &result {
+                // Before waking the waiters: none of them may see the
+                // failure as "not synced yet" and try again.
+                self.fail(why);
+            }
             let mut s = self.sync.lock();
             s.syncing = false;
             if let Ok(t) = result {

@@ -198,7 +198,7 @@ fn reads_racing_value_gc(dev: &TestDevice) {
     let mut opts = small_opts();
     opts.gc_live_threshold = 0.0; // only the explicit passes below
     let db = Arc::new(dev.open(&opts));
-    let split = engine::flash::io_uring_available() && dev.name() == "file";
+    let split = engine::flash::io_uring_for_tests() && dev.name() == "file";
     let split_reads = Arc::new(AtomicU64::new(0));
     for k in 0..KEYS {
         db.put(&key(k), &tagged(k, 0)).expect("put");

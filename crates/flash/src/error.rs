@@ -15,6 +15,14 @@ pub enum FlashError {
     /// succeeds once space is freed there.
     #[error("the file system holding the device is full: {0}")]
     HostFull(std::io::Error),
+    /// A device sync failed earlier (the message says how). Writes since
+    /// the last good sync may be lost, so nothing more is made durable or
+    /// acknowledged until the store is reopened.
+    #[error(
+        "a device sync failed ({0}): writes since the last good sync may be lost, so no \
+         further write is accepted until the store is reopened"
+    )]
+    SyncFailed(String),
     /// No segment is free.
     #[error("no free segment")]
     NoSpace,

@@ -34,7 +34,7 @@ pub use nand::{LossMode, NandConfig, NandDevice};
 pub use readqueue::{DirectRead, ReadQueue};
 pub use stats::{DeviceCounters, FlashStats};
 pub use store::{FlashStore, FormatOptions, Geometry, SegmentInfo, SegmentState};
-pub use uring::io_uring_available;
+pub use uring::{io_uring_available, io_uring_for_tests};
 
 /// Index of a data segment of a [`FlashStore`], `0..segment_count`.
 pub type SegmentId = u32;

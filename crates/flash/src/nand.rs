@@ -92,11 +92,18 @@ struct PageSlot {
 ///
 /// Invariants: a page absent from `pages` is erased in both images; a page is
 /// in `dirty` iff its current image was written after its durable image was
-/// last set (by sync, trim, tear or power cycle).
+/// last set (by sync, trim, tear or power cycle) and no failed sync dropped
+/// that write; it is in `forgotten` iff a failed sync dropped it. `dirty`
+/// and `forgotten` are disjoint.
 #[derive(Default)]
 struct Shard {
     pages: BTreeMap<u64, PageSlot>,
     dirty: BTreeSet<u64>,
+    /// Pages whose unsynced write a failed sync dropped, as Linux does after
+    /// a failed `fsync` (the pages are marked clean, not written): reads
+    /// still see the write, no later sync makes it durable, and a power cut
+    /// loses it.
+    forgotten: BTreeSet<u64>,
 }
 
 /// Emulated NAND flash in memory. See the module documentation for the model.
@@ -120,6 +127,8 @@ pub struct NandDevice {
     counters: AtomicCounters,
     /// Allocated pages a write may bring the device to (`u64::MAX`: no limit).
     host_pages: AtomicU64,
+    /// Syncs still to fail (see [`NandDevice::fail_syncs`]).
+    failing_syncs: AtomicU64,
 }
 
 impl NandDevice {
@@ -164,6 +173,7 @@ impl NandDevice {
             page_writes: AtomicU64::new(0),
             counters: AtomicCounters::default(),
             host_pages: AtomicU64::new(u64::MAX),
+            failing_syncs: AtomicU64::new(0),
             cfg,
         }))
     }
@@ -193,6 +203,14 @@ impl NandDevice {
             // Shards are visited in a fixed order and pages in ascending order,
             // so the decisions are a pure function of `seed` and the dirty set.
             let mut shard = shard.lock();
+            for page in std::mem::take(&mut shard.forgotten) {
+                if let Some(slot) = shard.pages.get_mut(&page) {
+                    slot.current = slot.durable.clone();
+                    if slot.current.is_none() {
+                        shard.pages.remove(&page);
+                    }
+                }
+            }
             let dirty = std::mem::take(&mut shard.dirty);
             for page in dirty {
                 let lose = match self.cfg.loss {
@@ -225,6 +243,14 @@ impl NandDevice {
     pub fn set_host_space(&self, bytes: Option<u64>) {
         let pages = bytes.map_or(u64::MAX, |b| b / u64::from(self.cfg.page_size));
         self.host_pages.store(pages, Ordering::Relaxed);
+    }
+
+    /// Makes the next `n` syncs fail with an I/O error (`EIO`), the way a
+    /// failing disk makes `fsync` fail: each drops the unsynced page writes
+    /// without making them durable (reads still see them; a power cut loses
+    /// them even after a later sync succeeds).
+    pub fn fail_syncs(&self, n: u64) {
+        self.failing_syncs.store(n, Ordering::SeqCst);
     }
 
     /// Bytes of allocated pages (see [`NandDevice::set_host_space`]).
@@ -360,6 +386,7 @@ impl NandDevice {
             return Ok(true);
         }
         slot.current = Some(Arc::from(data));
+        shard.forgotten.remove(&page);
         shard.dirty.insert(page);
         self.page_writes.fetch_add(1, Ordering::Relaxed);
         Ok(false)
@@ -440,6 +467,18 @@ impl Device for NandDevice {
 
     fn sync(&self) -> Result<()> {
         let _powered = self.power_on()?;
+        let fail = self
+            .failing_syncs
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            for shard in &self.shards {
+                let mut shard = shard.lock();
+                let dropped = std::mem::take(&mut shard.dirty);
+                shard.forgotten.extend(dropped);
+            }
+            return Err(FlashError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
         for shard in &self.shards {
             let mut shard = shard.lock();
             let dirty = std::mem::take(&mut shard.dirty);
@@ -467,6 +506,7 @@ impl Device for NandDevice {
             for page in doomed {
                 shard.pages.remove(&page);
                 shard.dirty.remove(&page);
+                shard.forgotten.remove(&page);
             }
         }
         self.counters.record_trim(end - first);
@@ -506,6 +546,26 @@ mod tests {
         let mut buf = vec![0u8; PS];
         dev.read_at(page * PS as u64, &mut buf).unwrap();
         buf
+    }
+
+    #[test]
+    fn a_failed_sync_drops_unsynced_pages_for_good() {
+        let dev = small(LossMode::AllUnsynced);
+        dev.write_at(0, &[1u8; PS]).unwrap();
+        dev.sync().unwrap();
+        dev.write_at(PS as u64, &[2u8; PS]).unwrap();
+        dev.fail_syncs(1);
+        assert!(matches!(dev.sync(), Err(FlashError::Io(_))));
+        // Reads still see the dropped write; a later sync succeeds...
+        assert_eq!(read_page(&dev, 1), vec![2u8; PS]);
+        dev.write_at(2 * PS as u64, &[3u8; PS]).unwrap();
+        dev.sync().unwrap();
+        // ...but the power cut shows the dropped write never reached the cells.
+        dev.cut_power_now();
+        dev.power_cycle(1);
+        assert_eq!(read_page(&dev, 0), vec![1u8; PS]);
+        assert_eq!(read_page(&dev, 1), vec![ERASED; PS]);
+        assert_eq!(read_page(&dev, 2), vec![3u8; PS]);
     }
 
     #[test]

@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn reads_complete_with_their_tags_and_bytes() {
-        if !crate::io_uring_available() {
+        if !crate::io_uring_for_tests() {
             return; // nothing to test where io_uring is off
         }
         let (_dir, store, seg) = file_store();
@@ -380,7 +380,7 @@ mod tests {
 
     #[test]
     fn pushed_reads_start_at_the_flush() {
-        if !crate::io_uring_available() {
+        if !crate::io_uring_for_tests() {
             return;
         }
         let (_dir, store, seg) = file_store();
@@ -408,7 +408,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_gives_the_read_back() {
-        if !crate::io_uring_available() {
+        if !crate::io_uring_for_tests() {
             return;
         }
         let (_dir, store, seg) = file_store();
@@ -425,7 +425,7 @@ mod tests {
 
     #[test]
     fn a_failed_read_is_reported_and_the_queue_goes_on() {
-        if !crate::io_uring_available() {
+        if !crate::io_uring_for_tests() {
             return;
         }
         let (_dir, store, seg) = file_store();
@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn dropping_the_queue_waits_for_reads_in_flight() {
-        if !crate::io_uring_available() {
+        if !crate::io_uring_for_tests() {
             return;
         }
         let (_dir, store, seg) = file_store();

@@ -164,6 +164,11 @@ pub struct FlashStore {
     table: Mutex<Vec<Entry>>,
     newest: Mutex<Newest>,
     checkpoints: AtomicU64,
+    /// Why a device sync failed, once one has: set for good (see
+    /// [`FlashStore::sync`]).
+    sync_failure: Mutex<Option<String>>,
+    /// `sync_failure.is_some()`, read without the lock on every append.
+    sync_failed: std::sync::atomic::AtomicBool,
 }
 
 fn round_up(n: u64, to: u64) -> Option<u64> {
@@ -243,6 +248,8 @@ impl FlashStore {
                 sequence: 1,
             }),
             checkpoints: AtomicU64::new(0),
+            sync_failure: Mutex::new(None),
+            sync_failed: std::sync::atomic::AtomicBool::new(false),
             dev,
         };
         // Erase everything (old superblock and checkpoints included), write the
@@ -314,6 +321,8 @@ impl FlashStore {
                 sequence: 0,
             }),
             checkpoints: AtomicU64::new(0),
+            sync_failure: Mutex::new(None),
+            sync_failed: std::sync::atomic::AtomicBool::new(false),
             dev,
         };
         let a = store.read_slot(0)?;
@@ -587,8 +596,47 @@ impl FlashStore {
     }
 
     /// Makes all completed writes durable.
+    ///
+    /// A failed sync is sticky: after it, the kernel may have dropped the
+    /// dirty pages it could not write (and marked them clean), so a later
+    /// sync could succeed without them. Every later sync, and every
+    /// checkpoint, fails with [`FlashError::SyncFailed`] until the store is
+    /// reopened, which finds what is really durable. A power loss (emulated
+    /// devices) is reported as such and stops the device anyway.
     pub fn sync(&self) -> Result<()> {
-        crate::iotime::timed(|| self.dev.sync())
+        self.check_synced()?;
+        crate::iotime::timed(|| self.dev.sync()).map_err(|e| self.note_sync_failure(e))
+    }
+
+    /// `Err(SyncFailed)` once a device sync has failed.
+    fn check_synced(&self) -> Result<()> {
+        match self.sync_failure.lock().as_ref() {
+            Some(why) => Err(FlashError::SyncFailed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a failed device sync for good; the error to return.
+    fn note_sync_failure(&self, e: FlashError) -> FlashError {
+        if matches!(e, FlashError::PowerLoss) {
+            return e;
+        }
+        let why = e.to_string();
+        let mut failure = self.sync_failure.lock();
+        if failure.is_none() {
+            *failure = Some(why.clone());
+            self.sync_failed.store(true, Ordering::Release);
+        }
+        FlashError::SyncFailed(failure.clone().unwrap_or(why))
+    }
+
+    /// Why a device sync failed, if one has (then nothing more is made
+    /// durable until the store is reopened).
+    pub fn sync_failure(&self) -> Option<String> {
+        if !self.sync_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.sync_failure.lock().clone()
     }
 
     /// Releases a Used segment: it becomes PendingFree, and Free (erased) only
@@ -632,11 +680,12 @@ impl FlashStore {
         }
         let target = 1 - newest.slot;
         let sequence = newest.sequence + 1;
+        self.check_synced()?;
         self.write_slot(
             target,
             &checkpoint::encode(self.format_id, sequence, &table, user),
         )?;
-        self.dev.sync()?;
+        self.dev.sync().map_err(|e| self.note_sync_failure(e))?;
         *newest = Newest {
             slot: target,
             sequence,

@@ -44,6 +44,26 @@ pub fn io_uring_available() -> bool {
     *PROBED.get_or_init(|| new_ring().is_ok()) && available()
 }
 
+/// For tests of io_uring paths: whether io_uring is available, so the
+/// test can run. Where it is not, the test may skip itself, except under
+/// CI (`CI` set and not `false`), where this panics: a green CI must mean
+/// those paths ran.
+///
+/// # Panics
+/// Under CI when io_uring is unavailable.
+pub fn io_uring_for_tests() -> bool {
+    if io_uring_available() {
+        return true;
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    assert!(
+        !ci,
+        "io_uring is unavailable on this machine (CI is set): the io_uring read paths \
+         would go untested; run CI where io_uring_setup(2) is allowed"
+    );
+    false
+}
+
 /// Turns io_uring off for this process (tests, and `LIGHTSTORE_NO_URING`).
 pub(crate) fn disable() {
     AVAILABLE.store(false, Ordering::Relaxed);

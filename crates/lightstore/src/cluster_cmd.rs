@@ -12,7 +12,8 @@ pub struct ClusterTarget {
     /// Node addresses, host:port,host:port,...
     #[arg(long, conflicts_with = "cluster_config")]
     nodes: Option<String>,
-    /// Cluster TOML file (nodes = [...], replicas, write_quorum, timeouts).
+    /// Cluster TOML file (nodes = [...], replicas, write_quorum, timeouts, password).
+    /// Without a password there, LIGHTSTORE_PASSWORD is used.
     #[arg(long = "cluster-config", value_name = "FILE")]
     cluster_config: Option<PathBuf>,
     /// Copies per key (default 2 with at least 2 nodes).
@@ -35,6 +36,7 @@ impl ClusterTarget {
         if self.replicas.is_some() {
             cfg.replicas = self.replicas;
         }
+        cfg.password_from_env(std::env::var(client::PASSWORD_ENV).ok());
         cfg.validate()?;
         Ok(cfg)
     }

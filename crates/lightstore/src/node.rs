@@ -29,9 +29,15 @@ pub struct NodeArgs {
     /// Keytable cache size, e.g. 512M.
     #[arg(long, value_parser = parse_size)]
     cache_size: Option<u64>,
-    /// Password clients must give (AUTH / HELLO ... AUTH).
-    #[arg(long)]
+    /// Password clients must give (AUTH / HELLO ... AUTH). A flag is visible to
+    /// every local user in `ps`: prefer `requirepass` in the config file or the
+    /// LIGHTSTORE_REQUIREPASS environment variable.
+    #[arg(long, env = "LIGHTSTORE_REQUIREPASS", hide_env_values = true)]
     requirepass: Option<String>,
+    /// Protected mode, yes (the default) or no: without a password, refuse TCP
+    /// clients that do not connect over loopback. Say no only on a trusted network.
+    #[arg(long, value_name = "yes|no", value_parser = parse_yes_no)]
+    protected_mode: Option<bool>,
     /// Device file size for a new store, e.g. 8G (sparse).
     #[arg(long, value_parser = parse_size)]
     capacity: Option<u64>,
@@ -82,6 +88,15 @@ pub struct NodeArgs {
     preallocate: bool,
 }
 
+/// Parses `yes` or `no` (as Redis spells its booleans), or `true`/`false`.
+fn parse_yes_no(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "yes" | "true" => Ok(true),
+        "no" | "false" => Ok(false),
+        _ => Err(format!("expected yes or no, not {s:?}")),
+    }
+}
+
 /// Builds the configuration and runs the node until it stops.
 pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut c = match &args.config {
@@ -105,6 +120,9 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = args.requirepass {
         c.requirepass = Some(v);
+    }
+    if let Some(v) = args.protected_mode {
+        c.protected_mode = v;
     }
     if let Some(v) = args.capacity {
         c.capacity = server::config::Size(v);

@@ -182,7 +182,7 @@ fn lone_gets_are_read_on_the_network_thread() {
     assert_eq!(call(&mut conn, &[b"GET", b"empty"]), Resp::Bulk(Vec::new()));
     assert_eq!(call(&mut conn, &[b"GET", b"missing"]), Resp::Nil);
     let lone = KEYS as u64 + 2;
-    if engine::flash::io_uring_available() {
+    if engine::flash::io_uring_for_tests() {
         assert_eq!(info_field(&n, "stats", "net_gets"), Some(lone));
     }
     // A pipelined run of GETs goes to the pool (unless TCP splits it).
@@ -198,7 +198,7 @@ fn lone_gets_are_read_on_the_network_thread() {
         let got = node_support::read_reply(&mut conn).expect("reply");
         assert_eq!(got, Resp::Bulk(value(i)), "pipelined key{i}");
     }
-    if engine::flash::io_uring_available() {
+    if engine::flash::io_uring_for_tests() {
         let net = info_field(&n, "stats", "net_gets").expect("net_gets");
         assert!(net < lone + KEYS as u64, "every pipelined GET ran alone");
     }

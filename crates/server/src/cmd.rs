@@ -245,6 +245,19 @@ mod tests {
             assert_eq!(c.index(), i);
         }
     }
+
+    #[test]
+    fn a_failed_device_is_an_ioerr_reply() {
+        let e = engine::Error::DeviceFailed("device sync failed: EIO".into());
+        let mut out = bytes::BytesMut::new();
+        errors::engine(&e).encode(protocol::RespVersion::V2, &mut out);
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.starts_with("-ERR IOERR device sync failed: EIO"),
+            "{text}"
+        );
+        assert!(text.contains("restart the node"), "{text}");
+    }
 }
 
 /// Error replies shared by the command modules.
@@ -304,6 +317,8 @@ pub mod errors {
                 "NOSPACE {why} (writes resume by themselves once space is freed there)"
             )),
             engine::Error::ValueTooLarge { .. } => Reply::err(format!("value too large: {e}")),
+            // The Display text starts with IOERR: `-ERR IOERR …`.
+            engine::Error::DeviceFailed(_) => Reply::err(e),
             _ => Reply::err(e),
         }
     }

@@ -75,6 +75,11 @@ pub struct Config {
     pub cache_size: Option<Size>,
     /// Password every client must give with AUTH or HELLO.
     pub requirepass: Option<String>,
+    /// Protected mode (on by default, as in Redis): while no `requirepass`
+    /// is set, TCP connections from addresses other than loopback are
+    /// refused with `-DENIED …`. Unix-socket and loopback clients are
+    /// always served. Turn it off only on a trusted network.
+    pub protected_mode: bool,
     /// Most simultaneous client connections.
     pub maxclients: usize,
     /// Longest bulk string (default: the engine's value limit + 1 KiB, at most 512 MiB).
@@ -149,6 +154,7 @@ impl Default for Config {
             durability: "interval".into(),
             cache_size: None,
             requirepass: None,
+            protected_mode: true,
             maxclients: 10_000,
             max_bulk: None,
             max_args: 1 << 20,
@@ -194,6 +200,19 @@ impl Config {
     /// Parses TOML text.
     pub fn from_toml(text: &str) -> Result<Config, String> {
         toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Whether a TCP client at `peer` must be refused: protected mode is on,
+    /// no password is set, and the peer is not a loopback address (an
+    /// IPv4-mapped IPv6 loopback counts as loopback).
+    pub fn refuses_peer(&self, peer: std::net::IpAddr) -> bool {
+        let loopback = match peer {
+            std::net::IpAddr::V4(a) => a.is_loopback(),
+            std::net::IpAddr::V6(a) => {
+                a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            }
+        };
+        self.protected_mode && self.requirepass.is_none() && !loopback
     }
 
     /// Path of the device file.
@@ -355,5 +374,26 @@ mod tests {
             ..Config::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn protected_mode_refuses_only_remote_peers_without_a_password() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let open = Config::default();
+        assert!(open.protected_mode);
+        assert!(!open.refuses_peer(ip("127.0.0.1")));
+        assert!(!open.refuses_peer(ip("127.8.9.1")));
+        assert!(!open.refuses_peer(ip("::1")));
+        assert!(!open.refuses_peer(ip("::ffff:127.0.0.1")));
+        assert!(open.refuses_peer(ip("192.0.2.7")));
+        assert!(open.refuses_peer(ip("::ffff:10.0.0.1")));
+        assert!(open.refuses_peer(ip("2001:db8::1")));
+        let with_password = Config {
+            requirepass: Some("pw".into()),
+            ..Config::default()
+        };
+        assert!(!with_password.refuses_peer(ip("192.0.2.7")));
+        let trusted = Config::from_toml("protected_mode = false").unwrap();
+        assert!(!trusted.refuses_peer(ip("192.0.2.7")));
     }
 }

@@ -87,6 +87,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("total_connections_received", &get(&c.connections_received));
             line("total_commands_processed", &get(&c.commands));
             line("rejected_connections", &get(&c.rejected_connections));
+            line("rejected_protected_mode", &get(&c.rejected_protected));
             line("inline_sets", &get(&c.inline_sets));
             line("net_gets", &get(&c.net_gets));
             for ((_, name, _), calls) in COMMANDS.iter().zip(&c.calls) {
@@ -160,6 +161,11 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("segments_log", &s.segments_log);
             line("last_seq", &s.last_seq);
             line("host_full", &u8::from(s.host_full));
+            line("io_error", &u8::from(s.device_failed.is_some()));
+            if let Some(why) = &s.device_failed {
+                // One line: INFO fields end at the line's end.
+                line("io_error_reason", &why.replace(['\r', '\n'], " "));
+            }
         }
         "keyspace" => match crate::data::dbsize(state) {
             Ok(n) => line(

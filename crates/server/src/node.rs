@@ -132,10 +132,18 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         None => None,
     };
     if !addr.ip().is_loopback() && config.requirepass.is_none() {
-        let msg = format!(
-            "listening on non-loopback address {addr} WITHOUT a password: anyone who can reach \
-             this port can read and overwrite all data (set --requirepass)"
-        );
+        let msg = if config.protected_mode {
+            format!(
+                "listening on {addr} in protected mode: no password is set, so only loopback \
+                 and Unix-socket clients are served and others are refused (set --requirepass, \
+                 or --protected-mode no on a trusted network)"
+            )
+        } else {
+            format!(
+                "listening on non-loopback address {addr} WITHOUT a password and with protected \
+                 mode off: anyone who can reach this port can read and overwrite all data"
+            )
+        };
         tracing::warn!("{msg}");
         eprintln!("WARNING: {msg}");
     }
@@ -191,7 +199,11 @@ async fn serve(
     loop {
         tokio::select! {
             r = tcp.accept() => match r {
-                Ok((s, _)) => {
+                Ok((s, peer)) => {
+                    if state.config.refuses_peer(peer.ip()) {
+                        refuse_protected(&state, s);
+                        continue;
+                    }
                     let _ = s.set_nodelay(true);
                     admit(&state, &exec, s);
                 }
@@ -225,6 +237,26 @@ async fn accept_unix(l: Option<&UnixListener>) -> std::io::Result<tokio::net::Un
 async fn accept_failed(e: std::io::Error) {
     tracing::warn!("accept failed: {e}");
     tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// What a client refused by protected mode reads before the connection closes.
+pub const PROTECTED_MODE_ERROR: &str = "-DENIED LightStore is running in protected mode: no \
+password is set and this connection does not come from the loopback interface, so it is \
+refused. Either set a password (--requirepass, requirepass in the config file, or the \
+LIGHTSTORE_REQUIREPASS environment variable) and give it with AUTH, or, on a trusted network \
+only, start the node with --protected-mode no. Restart the node after the change.\r\n";
+
+/// Tells a client refused by protected mode why, then closes its connection.
+fn refuse_protected(state: &Arc<NodeState>, mut stream: tokio::net::TcpStream) {
+    let c = &state.counters;
+    c.connections_received.fetch_add(1, Ordering::Relaxed);
+    c.rejected_connections.fetch_add(1, Ordering::Relaxed);
+    c.rejected_protected.fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(async move {
+        let write = stream.write_all(PROTECTED_MODE_ERROR.as_bytes());
+        let _ = tokio::time::timeout(Duration::from_secs(5), write).await;
+        let _ = stream.shutdown().await;
+    });
 }
 
 /// Starts serving a new connection, or refuses it when `maxclients` are connected.

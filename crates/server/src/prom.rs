@@ -135,6 +135,12 @@ fn engine_gauges(out: &mut String, s: &engine::Stats) {
         &u8::from(s.host_full),
     );
     one(
+        "lightstore_engine_io_error",
+        "gauge",
+        "1 once a device write or sync failed: writes are refused until the node restarts.",
+        &u8::from(s.device_failed.is_some()),
+    );
+    one(
         "lightstore_engine_dram_budget_bytes",
         "gauge",
         "Configured DRAM budget.",

@@ -225,6 +225,10 @@ fn settings(state: &NodeState) -> Vec<(&'static str, String)> {
         ("port", state.tcp_port.to_string()),
         ("bind", c.listen.clone()),
         ("maxclients", c.maxclients.to_string()),
+        (
+            "protected-mode",
+            if c.protected_mode { "yes" } else { "no" }.into(),
+        ),
         ("proto-max-bulk-len", state.limits.max_bulk.to_string()),
         ("max-request", state.limits.max_request.to_string()),
         (

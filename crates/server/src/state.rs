@@ -17,8 +17,10 @@ use crate::metrics::Metrics;
 pub struct Counters {
     /// Connections accepted since start.
     pub connections_received: AtomicU64,
-    /// Connections refused by `maxclients`.
+    /// Connections refused by `maxclients` or protected mode.
     pub rejected_connections: AtomicU64,
+    /// Connections refused by protected mode (non-loopback, no password).
+    pub rejected_protected: AtomicU64,
     /// Connections open now.
     pub clients: AtomicUsize,
     /// Requests processed.
@@ -36,6 +38,7 @@ impl Counters {
         Counters {
             connections_received: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
+            rejected_protected: AtomicU64::new(0),
             clients: AtomicUsize::new(0),
             commands: AtomicU64::new(0),
             inline_sets: AtomicU64::new(0),

@@ -44,6 +44,16 @@ impl Node {
         listen: &str,
         extra: &[&str],
     ) -> Result<Node, (Option<i32>, String)> {
+        Node::start_with_env(dir, listen, extra, &[])
+    }
+
+    /// As [`Node::start_at`], with these environment variables set.
+    pub fn start_with_env(
+        dir: &Path,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Node, (Option<i32>, String)> {
         // 1 GiB devices unless the test picks its own capacity.
         let capacity: &[&str] = if extra.contains(&"--capacity") {
             &[]
@@ -57,6 +67,7 @@ impl Node {
             .arg("--data")
             .arg(dir)
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

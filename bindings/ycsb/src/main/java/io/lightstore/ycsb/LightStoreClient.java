@@ -57,7 +57,7 @@ public class LightStoreClient extends DB {
           Integer.parseInt(p.getProperty("lightstore.replicas", "0")),
           Integer.parseInt(p.getProperty("lightstore.writequorum", "0")),
           Integer.parseInt(p.getProperty("lightstore.timeoutms", "2000")),
-          p.getProperty("lightstore.password"));
+          password(p, System.getenv()));
     } catch (IllegalArgumentException e) {
       throw new DBException("bad lightstore property: " + e.getMessage());
     }
@@ -67,6 +67,20 @@ public class LightStoreClient extends DB {
     for (int i = 0; i < fieldCount; i++) {
       allFields.add(prefix + i);
     }
+  }
+
+  /**
+   * The nodes' password: {@code lightstore.password}, else the
+   * {@code LIGHTSTORE_PASSWORD} environment variable (which, unlike a
+   * command-line property, other local users cannot read in {@code ps}),
+   * else none. Empty counts as none. The Rust tools follow the same rule.
+   */
+  static String password(Properties p, java.util.Map<String, String> env) {
+    String v = p.getProperty("lightstore.password");
+    if (v == null || v.isEmpty()) {
+      v = env.get("LIGHTSTORE_PASSWORD");
+    }
+    return v == null || v.isEmpty() ? null : v;
   }
 
   @Override
