@@ -55,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) ring: Ring,
     pub(crate) replicas: usize,
     clock: AtomicU64,
+    /// This client's id in the low bits of its versions (see `version.rs`).
+    client_id: u16,
 }
 
 /// A client of a LightStore cluster. Cheap to share between threads
@@ -88,6 +90,7 @@ impl Cluster {
             nodes,
             ring,
             clock: AtomicU64::new(0),
+            client_id: crate::version::random_client_id(),
         });
         let (stop, stopped) = mpsc::channel();
         let weak = Arc::downgrade(&inner);
@@ -295,16 +298,17 @@ impl Inner {
         }
     }
 
-    /// A new write version: microseconds since the Unix epoch, strictly
-    /// increasing within this client. Clients on different machines rely on
-    /// their clocks being in sync for "last writer wins".
+    /// A new write version (see `version.rs`): the time in microseconds
+    /// with this client's id in the low bits, strictly increasing within
+    /// this client. Clients on different machines rely on their clocks
+    /// being in sync for "last writer wins".
     pub(crate) fn next_version(&self) -> u64 {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         let mut last = self.clock.load(Ordering::Relaxed);
         loop {
-            let next = now.max(last.saturating_add(1));
+            let next = crate::version::next_version(last, now, self.client_id);
             match self
                 .clock
                 .compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Relaxed)

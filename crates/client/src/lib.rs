@@ -18,6 +18,7 @@ mod range;
 mod repair;
 pub mod ring;
 mod status;
+pub mod version;
 
 pub use cluster::Cluster;
 pub use config::{ClusterConfig, PASSWORD_ENV};

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use protocol::versioned::{version_of, Versioned};
+use protocol::versioned::{cmp_stored, Versioned};
 use protocol::Reply;
 
 use crate::cluster::{Cluster, Inner};
@@ -180,7 +180,10 @@ impl<'a> Merger<'a> {
 
 /// The newest of several stored copies of a key.
 pub(crate) fn newest(copies: &[(usize, Bytes)]) -> Option<&Bytes> {
-    copies.iter().map(|(_, v)| v).max_by_key(|v| version_of(v))
+    copies
+        .iter()
+        .map(|(_, v)| v)
+        .max_by(|a, b| cmp_stored(a, b))
 }
 
 impl Cluster {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use protocol::versioned::version_of;
+use protocol::versioned::cmp_stored;
 
 use crate::cluster::{send_stored, Cluster, Inner};
 use crate::error::Result;
@@ -69,14 +69,10 @@ impl Inner {
             let Some(best) = newest(&copies).cloned() else {
                 continue;
             };
-            let version = version_of(&best);
             for r in replicas {
-                let has = copies
-                    .iter()
-                    .find(|(n, _)| *n == r)
-                    .map(|(_, v)| version_of(v));
-                if has.is_some_and(|v| v >= version) {
-                    // Same version, same bytes: a version names one write.
+                let has = copies.iter().find(|(n, _)| *n == r).map(|(_, v)| v);
+                if has.is_some_and(|v| cmp_stored(v, &best).is_ge()) {
+                    // Equal in the total order: the same bytes.
                     continue;
                 }
                 let out = outboxes.entry(r).or_default();

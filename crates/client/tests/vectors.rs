@@ -117,3 +117,92 @@ fn ring_matches_the_shared_vectors() {
     assert!(checked >= 300, "only {checked} vectors");
     assert_eq!(text, generate(), "vectors file is stale: regenerate it");
 }
+
+// ---- Write versions and the order of stored copies ----
+
+fn version_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/version-vectors.tsv")
+}
+
+/// The version and order cases both clients must agree on.
+fn generate_versions() -> String {
+    use client::version::next_version;
+    use protocol::versioned::{cmp_stored, encode_tombstone, encode_value};
+    let mut out = String::from(
+        "# LightStore write-version test vectors (see crates/client/src/version.rs).\n\
+         # next <last> <now micros> <client id> <version to write>   (unsigned decimal)\n\
+         # order <stored copy a, hex> <stored copy b, hex> <-1|0|1: a compared with b>\n",
+    );
+    let t = 1_790_000_000_123_456u64;
+    let cases: [(u64, u64, u16); 9] = [
+        (0, t, 0),
+        (0, t, 7),
+        (0, t, 4095),
+        (0, t, 4096 + 5),
+        ((t << 12) | 7, t, 7),
+        ((t << 12) | 9, t, 7),
+        (((t + 3) << 12) | 7, t, 7),
+        (t, t, 1),
+        (u64::MAX, t, 2),
+    ];
+    for (last, now, id) in cases {
+        let _ = writeln!(
+            out,
+            "next\t{last}\t{now}\t{id}\t{}",
+            next_version(last, now, id)
+        );
+    }
+    let copies = [
+        encode_value(5, b"a"),
+        encode_value(5, b"b"),
+        encode_value(5, b""),
+        encode_value(6, b""),
+        encode_tombstone(5),
+        encode_tombstone(6),
+        bytes::Bytes::from_static(b"plain value"),
+        encode_value(u64::MAX, b"\xff"),
+    ];
+    for a in &copies {
+        for b in &copies {
+            let c = cmp_stored(a, b) as i8;
+            let _ = writeln!(out, "order\t{}\t{}\t{c}", hex(a), hex(b));
+        }
+    }
+    out
+}
+
+#[test]
+fn versions_match_the_shared_vectors() {
+    use client::version::next_version;
+    use protocol::versioned::cmp_stored;
+    if std::env::var_os("LIGHTSTORE_WRITE_VECTORS").is_some() {
+        std::fs::write(version_path(), generate_versions()).expect("write vectors");
+    }
+    let text = std::fs::read_to_string(version_path()).expect("testdata/version-vectors.tsv");
+    let mut checked = 0;
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let f: Vec<&str> = line.split('\t').collect();
+        match f[0] {
+            "next" => {
+                let n = |i: usize| f[i].parse::<u64>().expect("number");
+                let id = u16::try_from(n(3)).expect("id");
+                assert_eq!(next_version(n(1), n(2), id), n(4), "{line}");
+            }
+            "order" => {
+                let want: i8 = f[3].parse().expect("-1|0|1");
+                assert_eq!(cmp_stored(&unhex(f[1]), &unhex(f[2])) as i8, want, "{line}");
+            }
+            other => panic!("unknown vector kind {other:?}"),
+        }
+        checked += 1;
+    }
+    assert!(checked >= 70, "only {checked} vectors");
+    assert_eq!(
+        text,
+        generate_versions(),
+        "vectors file is stale: regenerate it"
+    );
+}

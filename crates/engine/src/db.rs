@@ -131,6 +131,8 @@ pub(crate) struct DbInner {
 pub struct Db {
     pub(crate) inner: Arc<DbInner>,
     threads: Vec<JoinHandle<()>>,
+    /// Serializes conditional batches per key (see `conditional.rs`).
+    pub(crate) key_locks: crate::conditional::KeyLocks,
 }
 
 /// A consistent read view at one sequence number. Compaction keeps every
@@ -188,7 +190,11 @@ impl Db {
                     .spawn(move || bg.sync_loop(every))?,
             );
         }
-        Ok(Db { inner, threads })
+        Ok(Db {
+            inner,
+            threads,
+            key_locks: crate::conditional::KeyLocks::new(),
+        })
     }
 
     /// Sets `key` to `value`.
@@ -402,7 +408,7 @@ impl Drop for Db {
 }
 
 /// A batch's operations as `(kind, key, value)` log records.
-fn batch_records(ops: &[BatchOp]) -> Vec<(u8, &[u8], &[u8])> {
+pub(crate) fn batch_records(ops: &[BatchOp]) -> Vec<(u8, &[u8], &[u8])> {
     ops.iter()
         .map(|op| match op {
             BatchOp::Put(k, v) => (KIND_PUT, &k[..], &v[..]),
@@ -436,8 +442,37 @@ impl DbInner {
     /// `Ok(false)`, having written nothing, where it would have to wait;
     /// once its records are appended it returns `Ok(true)`.
     pub(crate) fn write_with(&self, ops: &[(u8, &[u8], &[u8])], wait: Wait) -> Result<bool> {
+        match self.append_ops(ops, wait)? {
+            None => Ok(false),
+            Some(lsn) => {
+                self.wait_durable(lsn)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Waits until the log is durable up to `lsn` if the durability option
+    /// promises that on return (`sync`); else returns at once.
+    pub(crate) fn wait_durable(&self, lsn: u64) -> Result<()> {
+        if self.opts.durability == Durability::Sync {
+            self.vlog.sync_to(lsn)?;
+        }
+        Ok(())
+    }
+
+    /// The log position a caller must wait for (see [`Self::wait_durable`])
+    /// so that everything visible now is as durable as promised.
+    pub(crate) fn visible_lsn(&self) -> u64 {
+        self.vlog.appended_lsn()
+    }
+
+    /// [`Self::write_with`] up to, not including, the wait for durability:
+    /// `Some(lsn)` to pass to [`Self::wait_durable`] once the records are
+    /// appended (and visible to readers), `None` where [`Wait::Never`]
+    /// would have had to wait (nothing written).
+    pub(crate) fn append_ops(&self, ops: &[(u8, &[u8], &[u8])], wait: Wait) -> Result<Option<u64>> {
         if ops.is_empty() {
-            return Ok(true);
+            return Ok(Some(0));
         }
         // Before the background error the failure may also have caused:
         // the caller is told the device failed, not just "stopped".
@@ -457,7 +492,7 @@ impl DbInner {
         }
         match wait {
             Wait::Allowed => self.throttle(),
-            Wait::Never if self.write_would_wait(user_bytes) => return Ok(false),
+            Wait::Never if self.write_would_wait(user_bytes) => return Ok(None),
             Wait::Never => {}
         }
         let recs: Vec<LogRecord<'_>> = ops
@@ -496,7 +531,7 @@ impl DbInner {
         let lsn = match wait {
             Wait::Allowed => self.retry_while_gc_can_free(append)?,
             Wait::Never => match append() {
-                Err(Error::NoSpace) => return Ok(false),
+                Err(Error::NoSpace) => return Ok(None),
                 other => other?,
             },
         };
@@ -507,7 +542,7 @@ impl DbInner {
         if wait == Wait::Never {
             // Checked before the append: the backlog was not full, and
             // the durability needs no sync.
-            return Ok(true);
+            return Ok(Some(lsn));
         }
         match self.write_behind() {
             // The records are appended, and under `interval` durability
@@ -516,10 +551,7 @@ impl DbInner {
             Err(Error::HostFull(_)) if self.opts.durability != Durability::Sync => {}
             other => other?,
         }
-        if self.opts.durability == Durability::Sync {
-            self.vlog.sync_to(lsn)?;
-        }
-        Ok(true)
+        Ok(Some(lsn))
     }
 
     /// True if a write now would wait: for a device sync (`sync`

@@ -16,6 +16,7 @@
 
 mod bloom;
 mod cache;
+mod conditional;
 mod db;
 mod error;
 mod gc;

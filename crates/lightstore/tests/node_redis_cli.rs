@@ -286,6 +286,13 @@ fn versioned_writes_only_move_forward() {
     assert_eq!(stored(&mut c, b"k"), Some(header(2, 10)));
     assert_eq!(call(&mut c, &[b"VSET", b"k", b"10", b"x"]), Resp::Int(0));
     assert_eq!(call(&mut c, &[b"VSET", b"k", b"11", b"x"]), Resp::Int(1));
+    // Two writers that picked one version: the copies are ordered by their
+    // bytes, so replicas that get them in opposite orders converge.
+    assert_eq!(call(&mut c, &[b"VSET", b"r1", b"20", b"bbb"]), Resp::Int(1));
+    assert_eq!(call(&mut c, &[b"VSET", b"r1", b"20", b"aaa"]), Resp::Int(0));
+    assert_eq!(call(&mut c, &[b"VSET", b"r2", b"20", b"aaa"]), Resp::Int(1));
+    assert_eq!(call(&mut c, &[b"VSET", b"r2", b"20", b"bbb"]), Resp::Int(1));
+    assert_eq!(stored(&mut c, b"r1"), stored(&mut c, b"r2"));
     // Bad input gets an error and the connection stays usable.
     assert!(matches!(
         call(&mut c, &[b"VSET", b"k", b"-1", b"x"]),

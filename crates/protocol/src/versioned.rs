@@ -81,6 +81,16 @@ pub fn version_of(stored: &[u8]) -> u64 {
     header(stored).map_or(0, |(_, v)| v)
 }
 
+/// The total order of stored copies of one key: by version, then, between
+/// two copies of one version (two writers that picked the same version),
+/// by their bytes, so every replica and every reader picks the same winner
+/// whatever order the writes arrive in. A plain value (no header) is
+/// version 0. Nodes keep a `VSET`/`VDEL` only if it is greater than the
+/// stored copy; equal means the same write.
+pub fn cmp_stored(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    version_of(a).cmp(&version_of(b)).then_with(|| a.cmp(b))
+}
+
 /// Encodes `value` at `version`.
 pub fn encode_value(version: u64, value: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(HEADER_LEN + value.len());
@@ -103,6 +113,28 @@ pub fn encode_tombstone(version: u64) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_are_totally_ordered_by_version_then_bytes() {
+        use std::cmp::Ordering::*;
+        assert_eq!(
+            cmp_stored(&encode_value(2, b"a"), &encode_value(1, b"z")),
+            Greater
+        );
+        assert_eq!(
+            cmp_stored(&encode_value(1, b"a"), &encode_value(1, b"b")),
+            Less
+        );
+        assert_eq!(
+            cmp_stored(&encode_value(1, b"a"), &encode_value(1, b"a")),
+            Equal
+        );
+        assert_eq!(
+            cmp_stored(&encode_tombstone(1), &encode_value(1, b"")),
+            Greater
+        );
+        assert_eq!(cmp_stored(b"plain", &encode_value(1, b"")), Less);
+    }
 
     #[test]
     fn layout_is_fixed() {

@@ -2,16 +2,18 @@
 //!
 //! `VSET key version value [key version value ...]` stores each value with
 //! its version (the layout of [`protocol::versioned`]) unless the key already
-//! holds a version at least as new; `VDEL key version [key version ...]`
-//! stores a tombstone the same way. Both reply with the number of keys
-//! written. The compare and the write happen under the node's exclusive
-//! write lock and go to the engine as one atomic batch, so replicas only
-//! ever move forward in version order, whatever order writes and repairs
-//! arrive in.
+//! holds a copy at least as new in the total order of
+//! [`protocol::versioned::cmp_stored`] (version, then bytes); `VDEL key
+//! version [key version ...]` stores a tombstone the same way. Both reply
+//! with the number of keys written. The compare and the write are one
+//! engine conditional batch ([`engine::Db::write_batch_if`]): atomic per
+//! key, with no node-wide lock, so VSETs on different keys run and
+//! group-commit together, and replicas only ever move forward in that
+//! order, whatever order writes and repairs arrive in.
 
 use bytes::Bytes;
 use engine::BatchOp;
-use protocol::versioned::{encode_tombstone, encode_value, version_of};
+use protocol::versioned::{cmp_stored, encode_tombstone, encode_value};
 use protocol::Reply;
 
 use crate::cmd::errors;
@@ -35,26 +37,25 @@ pub fn vwrite(state: &NodeState, args: &[Bytes], tombstone: bool) -> engine::Res
         } else {
             encode_value(version, &chunk[2])
         };
-        items.push((&chunk[0], version, stored));
+        items.push((&chunk[0], stored));
     }
-    // The newest of duplicate keys within one call wins, as it would if the
-    // writes arrived one by one.
-    items.sort_by(|a, b| a.0.cmp(b.0).then(b.1.cmp(&a.1)));
+    // The greatest of duplicate keys within one call wins, as it would if
+    // the writes arrived one by one; the reply counts distinct keys.
+    items.sort_by(|a, b| a.0.cmp(b.0).then_with(|| cmp_stored(&b.1, &a.1)));
     items.dedup_by(|later, first| later.0 == first.0);
-
-    let keys: Vec<&[u8]> = items.iter().map(|(k, _, _)| &k[..]).collect();
-    let _exclusive = state.write_order.write();
-    let current = state.db.multi_get(&keys)?;
     let ops: Vec<BatchOp> = items
         .into_iter()
-        .zip(current)
-        .filter(|((_, version, _), cur)| cur.as_ref().is_none_or(|c| version_of(c) < *version))
-        .map(|((key, _, stored), _)| BatchOp::Put(key.clone(), stored))
+        .map(|(key, stored)| BatchOp::Put(key.clone(), stored))
         .collect();
-    if !ops.is_empty() {
-        state.db.write_batch(&ops)?;
-    }
-    Ok(Reply::Integer(ops.len() as i64))
+    // Shared: exclusive holders (SET NX/XX/GET, DEL) read-compare-write.
+    let _shared = state.write_order.read();
+    let written = state.db.write_batch_if(&ops, |i, current| {
+        let BatchOp::Put(_, new) = &ops[i] else {
+            return false;
+        };
+        current.is_none_or(|c| cmp_stored(new, c).is_gt())
+    })?;
+    Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
 }
 
 fn parse_version(b: &[u8]) -> Option<u64> {

@@ -94,10 +94,18 @@ public final class ClusterClient implements AutoCloseable {
     this.downUntil = new long[nodes.size()];
   }
 
-  /** A new write version: microseconds since the epoch, increasing in this JVM. */
+  /** This JVM's client id, in the low bits of its versions (random, 12 bits). */
+  private static final int CLIENT_ID =
+      new java.security.SecureRandom().nextInt(Versioned.MAX_CLIENT_ID + 1);
+
+  /**
+   * A new write version: microseconds since the epoch with this JVM's client id
+   * in the low 12 bits, increasing in this JVM (Versioned.nextVersion).
+   */
   static long nextVersion() {
-    long now = System.currentTimeMillis() * 1000;
-    return CLOCK.updateAndGet(last -> Math.max(now, last + 1));
+    java.time.Instant t = java.time.Instant.now();
+    long now = t.getEpochSecond() * 1_000_000L + t.getNano() / 1_000;
+    return CLOCK.updateAndGet(last -> Versioned.nextVersion(last, now, CLIENT_ID));
   }
 
   /** Replicas of a key, primary first. */
@@ -447,8 +455,7 @@ public final class ClusterClient implements AutoCloseable {
       try {
         List<byte[]> v = mgetOn(n, List.of(key));
         byte[] s = v.get(0);
-        if (s != null && (best == null
-            || Long.compareUnsigned(Versioned.decode(s).version, Versioned.decode(best).version) > 0)) {
+        if (s != null && (best == null || Versioned.compareStored(s, best) > 0)) {
           best = s;
         }
       } catch (NodeDown e) {
