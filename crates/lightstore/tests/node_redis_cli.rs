@@ -430,3 +430,56 @@ fn merged_sets_of_many_connections_answer_each_its_own() {
         }
     }
 }
+
+/// A pipelined run of VSET/VDEL is one conditional batch on the node, with
+/// the same replies as one command at a time: later commands see earlier
+/// ones, and a malformed command gets its own error.
+#[test]
+fn pipelined_versioned_writes_answer_as_if_one_by_one() {
+    let n = Node::start(&[]);
+    let mut c = BufReader::new(n.connect());
+    let pipeline = |c: &mut BufReader<std::net::TcpStream>, cmds: &[&[&[u8]]]| {
+        let mut bytes = Vec::new();
+        for cmd in cmds {
+            bytes.extend(node_support::encode(cmd));
+        }
+        std::io::Write::write_all(c.get_mut(), &bytes).expect("write");
+        cmds.iter()
+            .map(|_| node_support::read_reply(c).expect("reply"))
+            .collect::<Vec<_>>()
+    };
+    let replies = pipeline(
+        &mut c,
+        &[
+            &[b"VSET", b"a", b"5", b"x"],
+            &[b"VSET", b"a", b"4", b"y"],
+            &[b"VSET", b"a", b"6", b"z", b"b", b"1", b"w"],
+            &[b"VDEL", b"a", b"7"],
+            &[b"VSET", b"a", b"7", b"late"],
+        ],
+    );
+    assert_eq!(
+        replies,
+        [
+            Resp::Int(1),
+            Resp::Int(0),
+            Resp::Int(2),
+            Resp::Int(1),
+            Resp::Int(0)
+        ]
+    );
+    let mut tombstone = vec![0xF1, 2];
+    tombstone.extend_from_slice(&7u64.to_be_bytes());
+    assert_eq!(call(&mut c, &[b"GET", b"a"]), Resp::Bulk(tombstone));
+    let replies = pipeline(
+        &mut c,
+        &[
+            &[b"VSET", b"c", b"1", b"x"],
+            &[b"VSET", b"c", b"bad", b"y"],
+            &[b"VSET", b"c", b"2", b"z"],
+        ],
+    );
+    assert_eq!(replies[0], Resp::Int(1));
+    assert!(matches!(&replies[1], Resp::Error(e) if e.contains("version")));
+    assert_eq!(replies[2], Resp::Int(1));
+}

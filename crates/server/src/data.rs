@@ -85,6 +85,7 @@ pub fn execute_batch(state: &NodeState, jobs: &[(Cmd, Vec<Bytes>)]) -> Vec<(Repl
         let grouped = match kind {
             Some(Group::Get) if run.len() > 1 => get_run(state, run),
             Some(Group::Set) if run.len() > 1 => set_run(state, run),
+            Some(Group::Versioned) if run.len() > 1 => crate::vcmd::vwrite_run(state, run),
             _ => None,
         };
         match grouped {
@@ -171,12 +172,14 @@ impl CallClock {
 enum Group {
     Get,
     Set,
+    Versioned,
 }
 
 fn group_kind((cmd, args): &(Cmd, Vec<Bytes>)) -> Option<Group> {
     match cmd {
         Cmd::Get => Some(Group::Get),
         Cmd::Set if args.len() == 3 => Some(Group::Set),
+        Cmd::Vset | Cmd::Vdel => Some(Group::Versioned),
         _ => None,
     }
 }

@@ -16,21 +16,58 @@ use engine::BatchOp;
 use protocol::versioned::{cmp_stored, encode_tombstone, encode_value};
 use protocol::Reply;
 
-use crate::cmd::errors;
+use crate::cmd::{errors, Cmd};
 use crate::state::NodeState;
 
 /// VSET (`tombstone == false`) or VDEL (`tombstone == true`).
 pub fn vwrite(state: &NodeState, args: &[Bytes], tombstone: bool) -> engine::Result<Reply> {
+    let ops = match parse(args, tombstone) {
+        Ok(ops) => ops,
+        Err(reply) => return Ok(reply),
+    };
+    let written = write(state, &ops)?;
+    Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
+}
+
+/// A pipelined run of VSET/VDEL commands as one conditional batch: their
+/// keys' current values are read together (one batch of device reads) and
+/// their writes appended together, in command order, so a later command
+/// sees what an earlier one wrote, as if they ran one by one. `None` if a
+/// command is malformed or the batch fails: the caller then runs them one
+/// at a time, so each reply carries its own outcome.
+pub fn vwrite_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
+    let mut ops = Vec::new();
+    let mut ends = Vec::with_capacity(run.len());
+    for (cmd, args) in run {
+        ops.extend(parse(args, *cmd == Cmd::Vdel).ok()?);
+        ends.push(ops.len());
+    }
+    let written = write(state, &ops).ok()?;
+    let mut start = 0;
+    Some(
+        ends.into_iter()
+            .map(|end| {
+                let n = written[start..end].iter().filter(|&&w| w).count();
+                start = end;
+                Reply::Integer(n as i64)
+            })
+            .collect(),
+    )
+}
+
+/// The writes of one VSET/VDEL, one per distinct key (the greatest of
+/// duplicates, as if they arrived one by one), or the error reply.
+fn parse(args: &[Bytes], tombstone: bool) -> Result<Vec<BatchOp>, Reply> {
     let width = if tombstone { 2 } else { 3 };
     let name = if tombstone { "vdel" } else { "vset" };
     let rest = &args[1..];
     if rest.is_empty() || !rest.len().is_multiple_of(width) {
-        return Ok(errors::wrong_args(name));
+        return Err(errors::wrong_args(name));
     }
     let mut items = Vec::with_capacity(rest.len() / width);
     for chunk in rest.chunks_exact(width) {
         let Some(version) = parse_version(&chunk[1]) else {
-            return Ok(Reply::err("version is not an unsigned 64-bit integer"));
+            return Err(Reply::err("version is not an unsigned 64-bit integer"));
         };
         let stored = if tombstone {
             encode_tombstone(version)
@@ -39,23 +76,25 @@ pub fn vwrite(state: &NodeState, args: &[Bytes], tombstone: bool) -> engine::Res
         };
         items.push((&chunk[0], stored));
     }
-    // The greatest of duplicate keys within one call wins, as it would if
-    // the writes arrived one by one; the reply counts distinct keys.
     items.sort_by(|a, b| a.0.cmp(b.0).then_with(|| cmp_stored(&b.1, &a.1)));
     items.dedup_by(|later, first| later.0 == first.0);
-    let ops: Vec<BatchOp> = items
+    Ok(items
         .into_iter()
         .map(|(key, stored)| BatchOp::Put(key.clone(), stored))
-        .collect();
+        .collect())
+}
+
+/// Writes each op whose copy is greater than the key's current one (see
+/// [`cmp_stored`]); which were written.
+fn write(state: &NodeState, ops: &[BatchOp]) -> engine::Result<Vec<bool>> {
     // Shared: exclusive holders (SET NX/XX/GET, DEL) read-compare-write.
     let _shared = state.write_order.read();
-    let written = state.db.write_batch_if(&ops, |i, current| {
+    state.db.write_batch_if(ops, |i, current| {
         let BatchOp::Put(_, new) = &ops[i] else {
             return false;
         };
         current.is_none_or(|c| cmp_stored(new, c).is_gt())
-    })?;
-    Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
+    })
 }
 
 fn parse_version(b: &[u8]) -> Option<u64> {
