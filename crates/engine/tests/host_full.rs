@@ -7,30 +7,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine::flash::{LossMode, NandDevice};
-use engine::{Db, Durability, Error, Options};
+use engine::flash::LossMode;
+use engine::{Db, Durability, Error};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-
-/// Test options with the background threads (they retry stalled writes).
-fn opts(durability: Durability) -> Options {
-    Options {
-        durability,
-        background: true,
-        ..small_opts()
-    }
-}
-
-/// Power cut and power back on, as a crashed host would see the device.
-fn crash(dev: &Arc<NandDevice>, db: Db, seed: u64) {
-    dev.cut_power_now();
-    drop(db);
-    dev.power_cycle(seed);
-}
 
 /// Retries `put` until it succeeds (the stall must end by itself), for at
 /// most 20 s.
@@ -56,7 +39,7 @@ fn get(db: &Db, k: u32) -> Option<Vec<u8>> {
 #[test]
 fn writes_stop_when_the_host_fills_and_resume_when_it_has_room() {
     let dev = nand(16, LossMode::AllUnsynced);
-    let opts = opts(Durability::Interval(Duration::from_millis(5)));
+    let opts = background_opts(Durability::Interval(Duration::from_millis(5)));
     let db = open(&dev, &opts);
     for k in 0..100 {
         db.put(&key(k), &value_for(k, 1, 2000)).expect("put");
@@ -106,7 +89,7 @@ fn writes_stop_when_the_host_fills_and_resume_when_it_has_room() {
 #[test]
 fn a_store_opens_on_a_full_host_serves_reads_and_takes_writes_once_there_is_room() {
     let dev = nand(16, LossMode::AllUnsynced);
-    let opts = opts(Durability::Sync);
+    let opts = background_opts(Durability::Sync);
     let db = open(&dev, &opts);
     for k in 0..300 {
         db.put(&key(k), &value_for(k, 1, 1500)).expect("put");
@@ -192,7 +175,7 @@ fn host_full_model(seed: u64, ops: usize) {
     const KEYS: u32 = 150;
     let mut rng = SmallRng::seed_from_u64(seed);
     let dev = nand(16, LossMode::RandomUnsynced);
-    let opts = opts(Durability::Sync);
+    let opts = background_opts(Durability::Sync);
     let mut db = open(&dev, &opts);
     let mut model: BTreeMap<u32, Allowed> = BTreeMap::new();
     let (mut host_full_errors, mut cuts) = (0, 0);
@@ -272,7 +255,7 @@ fn close_on_a_full_host_reports_lost_interval_writes_and_succeeds_under_sync() {
         Durability::Sync,
     ] {
         let dev = nand(16, LossMode::AllUnsynced);
-        let opts = opts(durability);
+        let opts = background_opts(durability);
         let db = open(&dev, &opts);
         db.put(b"before", b"full").expect("put");
         db.sync().expect("sync");

@@ -8,26 +8,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine::flash::{LossMode, NandDevice};
-use engine::{Db, Durability, Error, Options};
-
-fn opts(durability: Durability) -> Options {
-    Options {
-        durability,
-        background: true,
-        ..small_opts()
-    }
-}
-
-fn crash(dev: &Arc<NandDevice>, db: Db, seed: u64) {
-    dev.cut_power_now();
-    drop(db);
-    dev.power_cycle(seed);
-}
+use engine::flash::LossMode;
+use engine::{Db, Durability, Error};
 
 /// Writes `count` keys from `first` and returns those acknowledged.
 fn write_keys(db: &Db, first: u32, count: u32) -> Vec<u32> {
@@ -39,7 +24,7 @@ fn write_keys(db: &Db, first: u32, count: u32) -> Vec<u32> {
 #[test]
 fn after_a_failed_sync_no_write_is_acknowledged_and_none_acknowledged_is_lost() {
     let dev = nand(16, LossMode::AllUnsynced);
-    let opts = opts(Durability::Sync);
+    let opts = background_opts(Durability::Sync);
     let db = open(&dev, &opts);
     let before = write_keys(&db, 0, 20);
     assert_eq!(before.len(), 20, "healthy device: every write acknowledged");
@@ -89,7 +74,7 @@ fn after_a_failed_sync_no_write_is_acknowledged_and_none_acknowledged_is_lost() 
 #[test]
 fn a_failed_background_sync_stops_interval_writes() {
     let dev = nand(16, LossMode::AllUnsynced);
-    let opts = opts(Durability::Interval(Duration::from_millis(5)));
+    let opts = background_opts(Durability::Interval(Duration::from_millis(5)));
     let db = open(&dev, &opts);
     assert_eq!(write_keys(&db, 0, 20).len(), 20);
     db.sync().expect("sync");
@@ -112,7 +97,7 @@ fn a_failed_background_sync_stops_interval_writes() {
 #[test]
 fn a_failed_checkpoint_sync_stops_writes_too() {
     let dev = nand(16, LossMode::AllUnsynced);
-    let opts = opts(Durability::Sync);
+    let opts = background_opts(Durability::Sync);
     let db = open(&dev, &opts);
     assert_eq!(write_keys(&db, 0, 20).len(), 20);
     dev.fail_syncs(1);

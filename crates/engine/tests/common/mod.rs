@@ -21,6 +21,23 @@ pub fn small_opts() -> Options {
     Options::small_for_tests()
 }
 
+/// Test options with the background threads (write-behind, interval
+/// sync, maintenance) running.
+pub fn background_opts(durability: engine::Durability) -> Options {
+    Options {
+        durability,
+        background: true,
+        ..small_opts()
+    }
+}
+
+/// Power cut and power back on, as a crashed host would see the device.
+pub fn crash(dev: &Arc<NandDevice>, db: Db, seed: u64) {
+    dev.cut_power_now();
+    drop(db);
+    dev.power_cycle(seed);
+}
+
 /// Opens a Db on the device.
 pub fn open(dev: &Arc<NandDevice>, opts: &Options) -> Db {
     let d: Arc<dyn Device> = dev.clone();
