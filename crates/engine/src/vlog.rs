@@ -145,6 +145,9 @@ pub struct ValueLog {
     seg_bytes: u64,
     chunk_bytes: usize,
     reserved_segments: u32,
+    // Lock order: `io` (one chunk writer at a time), then `inner` (the
+    // append state), then `sync` (durability marks). A thread holding a
+    // later lock never takes an earlier one.
     inner: Mutex<Inner>,
     io: Mutex<()>,
     sync: Mutex<SyncState>,
@@ -653,6 +656,7 @@ impl ValueLog {
             }
             {
                 let mut inner = self.inner.lock();
+                debug_assert!(chunk.end_lsn <= inner.appended_lsn, "written past appended");
                 inner.pending.pop_front();
                 self.refresh_on_device(&inner);
             }
@@ -743,6 +747,7 @@ impl ValueLog {
             s.syncing = false;
             if let Ok(t) = result {
                 s.durable_lsn = s.durable_lsn.max(t);
+                debug_assert!(s.durable_lsn <= s.written_lsn, "durable past written");
             }
             self.synced.notify_all();
             drop(s);
