@@ -127,7 +127,6 @@ struct Inner {
     appended_lsn: u64,
     last_seq: SeqNo,
     next_epoch: u64,
-    failed: Option<String>,
     /// Set while chunk writes fail for want of host space (see the module doc).
     stalled: Option<String>,
 }
@@ -160,8 +159,9 @@ pub struct ValueLog {
     on_device_below: AtomicU64,
     /// Set when a chunk is sealed; the write-behind thread waits on it.
     flusher_work: Mutex<bool>,
-    /// `inner.failed.is_some()`, read without the lock by [`Self::failure`].
-    has_failed: std::sync::atomic::AtomicBool,
+    /// Why the log refuses every append for good, once a device write or
+    /// sync failed (see [`Self::failure`]).
+    failed: std::sync::OnceLock<String>,
     flusher_cv: Condvar,
 }
 
@@ -238,7 +238,6 @@ impl ValueLog {
                 appended_lsn: 0,
                 last_seq,
                 next_epoch: epoch,
-                failed: None,
                 stalled: None,
             }),
             io: Mutex::new(()),
@@ -253,7 +252,7 @@ impl ValueLog {
             on_device_below: AtomicU64::new(0),
             flusher_work: Mutex::new(false),
             flusher_cv: Condvar::new(),
-            has_failed: std::sync::atomic::AtomicBool::new(false),
+            failed: std::sync::OnceLock::new(),
         };
         {
             let mut inner = log.inner.lock();
@@ -515,14 +514,10 @@ impl ValueLog {
         reserve: Reserve,
         mut apply: impl FnMut(usize, SeqNo, ValuePtr),
     ) -> Result<u64> {
+        if let Some(why) = self.failure() {
+            return Err(Error::DeviceFailed(why));
+        }
         let mut inner = self.inner.lock();
-        if let Some(f) = &inner.failed {
-            return Err(Error::DeviceFailed(f.clone()));
-        }
-        if let Some(why) = self.flash.sync_failure() {
-            // A checkpoint's sync failed (the log's own failures are above).
-            return Err(Error::DeviceFailed(format!("device sync failed: {why}")));
-        }
         if let Some(why) = &inner.stalled {
             return Err(Error::HostFull(why.clone()));
         }
@@ -693,23 +688,21 @@ impl ValueLog {
     /// a device write or sync failed, so what follows could be acknowledged
     /// without being durable.
     fn fail(&self, why: &str) {
-        let mut inner = self.inner.lock();
-        if inner.failed.is_none() {
+        if self.failed.set(why.to_string()).is_ok() {
             tracing::error!(error = %why, "value log: the device failed; no further write is acknowledged until the store is reopened");
-            inner.failed = Some(why.to_string());
-            self.has_failed.store(true, Ordering::Release);
         }
     }
 
     /// Why the log refuses every write until the store is reopened (a
     /// device write or sync failed), if it does.
+    /// That is also the case once any sync of the store failed (a
+    /// checkpoint's, say).
     pub fn failure(&self) -> Option<String> {
-        if self.has_failed.load(Ordering::Acquire) {
-            return self.inner.lock().failed.clone();
-        }
-        self.flash
-            .sync_failure()
-            .map(|why| format!("device sync failed: {why}"))
+        self.failed.get().cloned().or_else(|| {
+            self.flash
+                .sync_failure()
+                .map(|why| flash::FlashError::SyncFailed(why.to_string()).to_string())
+        })
     }
 
     /// Why appends are refused for want of host space, if they are.

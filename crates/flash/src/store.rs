@@ -166,9 +166,7 @@ pub struct FlashStore {
     checkpoints: AtomicU64,
     /// Why a device sync failed, once one has: set for good (see
     /// [`FlashStore::sync`]).
-    sync_failure: Mutex<Option<String>>,
-    /// `sync_failure.is_some()`, read without the lock on every append.
-    sync_failed: std::sync::atomic::AtomicBool,
+    sync_failure: std::sync::OnceLock<String>,
 }
 
 fn round_up(n: u64, to: u64) -> Option<u64> {
@@ -248,8 +246,7 @@ impl FlashStore {
                 sequence: 1,
             }),
             checkpoints: AtomicU64::new(0),
-            sync_failure: Mutex::new(None),
-            sync_failed: std::sync::atomic::AtomicBool::new(false),
+            sync_failure: std::sync::OnceLock::new(),
             dev,
         };
         // Erase everything (old superblock and checkpoints included), write the
@@ -321,8 +318,7 @@ impl FlashStore {
                 sequence: 0,
             }),
             checkpoints: AtomicU64::new(0),
-            sync_failure: Mutex::new(None),
-            sync_failed: std::sync::atomic::AtomicBool::new(false),
+            sync_failure: std::sync::OnceLock::new(),
             dev,
         };
         let a = store.read_slot(0)?;
@@ -610,33 +606,25 @@ impl FlashStore {
 
     /// `Err(SyncFailed)` once a device sync has failed.
     fn check_synced(&self) -> Result<()> {
-        match self.sync_failure.lock().as_ref() {
+        match self.sync_failure.get() {
             Some(why) => Err(FlashError::SyncFailed(why.clone())),
             None => Ok(()),
         }
     }
 
-    /// Records a failed device sync for good; the error to return.
+    /// Records a failed device sync for good (the first failure's text is
+    /// kept); the error to return.
     fn note_sync_failure(&self, e: FlashError) -> FlashError {
         if matches!(e, FlashError::PowerLoss) {
             return e;
         }
-        let why = e.to_string();
-        let mut failure = self.sync_failure.lock();
-        if failure.is_none() {
-            *failure = Some(why.clone());
-            self.sync_failed.store(true, Ordering::Release);
-        }
-        FlashError::SyncFailed(failure.clone().unwrap_or(why))
+        FlashError::SyncFailed(self.sync_failure.get_or_init(|| e.to_string()).clone())
     }
 
     /// Why a device sync failed, if one has (then nothing more is made
     /// durable until the store is reopened).
-    pub fn sync_failure(&self) -> Option<String> {
-        if !self.sync_failed.load(Ordering::Acquire) {
-            return None;
-        }
-        self.sync_failure.lock().clone()
+    pub fn sync_failure(&self) -> Option<&str> {
+        self.sync_failure.get().map(String::as_str)
     }
 
     /// Releases a Used segment: it becomes PendingFree, and Free (erased) only

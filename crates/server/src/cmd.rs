@@ -317,8 +317,8 @@ pub mod errors {
                 "NOSPACE {why} (writes resume by themselves once space is freed there)"
             )),
             engine::Error::ValueTooLarge { .. } => Reply::err(format!("value too large: {e}")),
-            // The Display text starts with IOERR: `-ERR IOERR …`.
-            engine::Error::DeviceFailed(_) => Reply::err(e),
+            // Others as they display (`DeviceFailed` starts with IOERR:
+            // `-ERR IOERR …`).
             _ => Reply::err(e),
         }
     }
