@@ -10,16 +10,6 @@ use std::time::Duration;
 
 use node_support::{call, Node, Resp};
 
-/// Sends `input`, then reads until the node closes the connection (or 10 s).
-fn send_and_drain(n: &Node, input: &[u8]) -> String {
-    let mut s = n.connect();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let _ = s.write_all(input);
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// A second connection still works.
 fn still_serving(n: &Node) {
     let mut c = BufReader::new(n.connect());
@@ -47,7 +37,7 @@ fn protocol_errors_close_only_that_connection() {
             "-ERR Protocol error: unbalanced quotes",
         ),
     ] {
-        let got = send_and_drain(&n, input);
+        let got = n.send_and_drain(input);
         assert!(
             got.starts_with(want),
             "{:?}: got {got:?}",
@@ -91,7 +81,7 @@ fn garbage_and_truncated_frames() {
     }
     // An inline line longer than the limit (64 KiB).
     let long = vec![b'a'; 100 << 10];
-    let got = send_and_drain(&n, &long);
+    let got = n.send_and_drain(&long);
     assert!(got.starts_with("-ERR Protocol error"), "{got:?}");
     still_serving(&n);
 }
@@ -133,7 +123,7 @@ fn many_clients_and_maxclients() {
         let mut c = BufReader::new(s.try_clone().unwrap());
         assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
     }
-    let got = send_and_drain(&n, b"PING\r\n");
+    let got = n.send_and_drain(b"PING\r\n");
     assert!(
         got.starts_with("-ERR max number of clients reached"),
         "{got:?}"
@@ -154,9 +144,7 @@ fn many_clients_and_maxclients() {
 fn send_and_drain_ping(n: &Node) -> String {
     let mut s = n.connect();
     let _ = s.write_all(b"PING\r\nQUIT\r\n");
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
+    node_support::drain(&mut s)
 }
 
 /// Resident memory of a process, in KiB.

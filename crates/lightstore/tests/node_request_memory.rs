@@ -5,7 +5,7 @@
 
 mod node_support;
 
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -13,15 +13,16 @@ use node_support::{call, read_reply, Node, Resp};
 
 const MIB: usize = 1 << 20;
 
-/// Sends `input`, then reads until the node closes the connection (or 10 s).
-fn send_and_drain(n: &Node, input: &[u8]) -> String {
-    let mut s = n.connect();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let _ = s.write_all(input);
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
+/// Node flags for the wait tests: requests of up to 20 MiB, and request
+/// memory for one 16 MiB request being read and a smaller one beside it.
+const ROOM_FOR_ONE_BIG_REQUEST: [&str; 6] = [
+    "--max-bulk",
+    "20M",
+    "--max-request",
+    "21M",
+    "--max-request-memory",
+    "34M",
+];
 
 /// A second connection still works.
 fn still_serving(n: &Node) {
@@ -92,7 +93,7 @@ fn max_request_bounds_one_request_whatever_its_argument_count() {
     let mut c = BufReader::new(n.connect());
     c.get_mut().write_all(&mset(4)).unwrap();
     assert_eq!(read_reply(&mut c).unwrap(), Resp::Simple("OK".into()));
-    let got = send_and_drain(&n, &mset(5));
+    let got = n.send_and_drain(&mset(5));
     assert!(
         got.starts_with("-ERR Protocol error: request larger than the limit of 4194304 bytes"),
         "{got:?}"
@@ -122,12 +123,12 @@ fn max_request_bounds_one_request_whatever_its_argument_count() {
 #[test]
 fn unauthenticated_clients_may_send_only_small_requests() {
     let n = Node::start(&["--requirepass", "secret"]);
-    let got = send_and_drain(&n, &set_head("k", 100_000));
+    let got = n.send_and_drain(&set_head("k", 100_000));
     assert!(
         got.starts_with("-ERR Protocol error: bulk length 100000 exceeds the limit of 16384"),
         "{got:?}"
     );
-    let got = send_and_drain(&n, b"*11\r\n");
+    let got = n.send_and_drain(b"*11\r\n");
     assert!(
         got.starts_with("-ERR Protocol error: 11 arguments"),
         "{got:?}"
@@ -145,7 +146,7 @@ fn unauthenticated_clients_may_send_only_small_requests() {
     // A wrong password keeps them.
     let mut wire = node_support::encode(&[b"AUTH", b"wrong"]);
     wire.extend(set_head("k", 20_000));
-    let got = send_and_drain(&n, &wire);
+    let got = n.send_and_drain(&wire);
     assert!(got.contains("-ERR Protocol error: bulk length"), "{got:?}");
 }
 
@@ -257,9 +258,7 @@ fn a_half_read_request_that_cannot_grow_is_refused() {
     wire.extend_from_slice(&first[..1024]);
     a.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     a.write_all(&wire).unwrap();
-    let mut out = Vec::new();
-    let _ = a.read_to_end(&mut out);
-    let got = String::from_utf8_lossy(&out);
+    let got = node_support::drain(&mut a);
     assert!(got.starts_with("-ERR request memory exhausted"), "{got:?}");
     assert_eq!(info_field(&n, "request_memory_refusals"), 1);
     // B completes.
@@ -366,16 +365,13 @@ fn wait_for_request_memory(n: &Node, bytes: usize) {
 /// so is a stall of a client holding request memory.
 #[test]
 fn waits_and_stalls_are_bounded() {
-    let n = Node::start(&[
-        "--max-bulk",
-        "20M",
-        "--max-request",
-        "21M",
-        "--max-request-memory",
-        "34M",
-        "--request-memory-wait-ms",
-        "1500",
-    ]);
+    let n = Node::start(
+        &[
+            &ROOM_FOR_ONE_BIG_REQUEST[..],
+            &["--request-memory-wait-ms", "1500"],
+        ]
+        .concat(),
+    );
     let len_b = 16 * MIB;
     // D announces 20 MiB while B holds 16: D waits 1.5 s, then is refused.
     let b = Trickler::start(&n, "b", value_of(2, len_b));
@@ -384,9 +380,7 @@ fn waits_and_stalls_are_bounded() {
     d.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let started = Instant::now();
     d.write_all(&set_head("d", 20 * MIB)).unwrap();
-    let mut out = Vec::new();
-    let _ = d.read_to_end(&mut out);
-    let got = String::from_utf8_lossy(&out);
+    let got = node_support::drain(&mut d);
     assert!(
         got.starts_with("-ERR request memory exhausted: waited 1500 ms"),
         "{got:?}"
@@ -404,9 +398,7 @@ fn waits_and_stalls_are_bounded() {
     e.write_all(&value_of(7, MIB)).unwrap();
     wait_for_request_memory(&n, 15 * MIB);
     e.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut out = Vec::new();
-    let _ = e.read_to_end(&mut out);
-    let got = String::from_utf8_lossy(&out);
+    let got = node_support::drain(&mut e);
     assert!(
         got.starts_with("-ERR request timed out: no bytes for 1500 ms"),
         "{got:?}"
@@ -420,14 +412,7 @@ fn waits_and_stalls_are_bounded() {
 /// (with the default wait bound: here the wait lasts as long as B takes).
 #[test]
 fn a_connection_waits_for_room_for_its_next_request() {
-    let n = Node::start(&[
-        "--max-bulk",
-        "20M",
-        "--max-request",
-        "21M",
-        "--max-request-memory",
-        "34M",
-    ]);
+    let n = Node::start(&ROOM_FOR_ONE_BIG_REQUEST);
     let len_b = 16 * MIB;
     let b = Trickler::start(&n, "b", value_of(2, len_b));
     wait_for_request_memory(&n, 15 * MIB);

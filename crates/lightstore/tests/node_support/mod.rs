@@ -178,6 +178,15 @@ impl Node {
         s
     }
 
+    /// Sends `input` on a new connection, then reads until the node closes
+    /// it (or 10 s pass); what the node sent, as text.
+    pub fn send_and_drain(&self, input: &[u8]) -> String {
+        let mut s = self.connect();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(input);
+        drain(&mut s)
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let ok = Command::new("kill")
@@ -267,6 +276,14 @@ pub fn read_reply(r: &mut impl BufRead) -> std::io::Result<Resp> {
         }
         _ => return Err(std::io::Error::other(format!("bad reply line {line:?}"))),
     })
+}
+
+/// Reads until the peer closes `s` (or its read timeout passes); what was
+/// read, as text.
+pub fn drain(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let _ = std::io::Read::read_to_end(s, &mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Sends one request and reads its reply.
