@@ -529,7 +529,7 @@ impl DbInner {
             })
         };
         let lsn = match wait {
-            Wait::Allowed => self.retry_while_gc_can_free(append)?,
+            Wait::Allowed => self.retry_while_gc_can_free(reserve == Reserve::Delete, append)?,
             Wait::Never => match append() {
                 Err(Error::NoSpace) => return Ok(None),
                 other => other?,
@@ -568,7 +568,13 @@ impl DbInner {
     }
 
     /// Re-inserts a live value found by GC, keeping its sequence number.
-    pub(crate) fn relocate(&self, key: &[u8], value: &[u8], seq: SeqNo) -> Result<()> {
+    pub(crate) fn relocate(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        seq: SeqNo,
+        reserve: Reserve,
+    ) -> Result<()> {
         let rec = LogRecord {
             kind: KIND_PUT,
             flags: FLAG_RELOCATED,
@@ -576,7 +582,7 @@ impl DbInner {
             value,
             seq: Some(seq),
         };
-        self.vlog.append(&[rec], Reserve::Internal, |_, seq, ptr| {
+        self.vlog.append(&[rec], reserve, |_, seq, ptr| {
             self.sv
                 .read()
                 .mem
@@ -636,14 +642,24 @@ impl DbInner {
     /// holds a segment that GC would clean, wakes GC and tries again, for
     /// at most [`NOSPACE_WAIT`]: a writer faster than GC waits for it
     /// rather than failing on a device that is not full of live data. A
-    /// failed append changed nothing (it fails before writing a record).
-    fn retry_while_gc_can_free<T>(&self, mut append: impl FnMut() -> Result<T>) -> Result<T> {
+    /// delete batch (`deletes`) also waits while the memtable holds
+    /// entries: the flush that maintenance then runs turns the values that
+    /// earlier deletes and overwrites dropped into garbage GC can clean
+    /// (each delete under `sync` durability takes a page of the delete
+    /// reserve, which deletes alone would exhaust). A failed append
+    /// changed nothing (it fails before writing a record).
+    fn retry_while_gc_can_free<T>(
+        &self,
+        deletes: bool,
+        mut append: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
         let deadline = std::time::Instant::now() + NOSPACE_WAIT;
         loop {
             match append() {
                 Err(Error::NoSpace)
                     if self.opts.background
-                        && self.vlog.has_reclaimable(self.low_space_gc_threshold())
+                        && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
+                            || (deletes && !self.sv.read().mem.is_empty()))
                         && std::time::Instant::now() < deadline
                         && !self.shutdown.load(Ordering::Acquire)
                         && self.bg_error.lock().is_none() =>

@@ -11,9 +11,13 @@ use crate::record::{self, HEADER_LEN};
 use crate::segreader::SegmentReader;
 use crate::stats::Counters;
 use crate::types::{Kind, SeqNo, ValuePtr};
+use crate::vlog::Reserve;
 use crate::vlog::SegMeta;
 use flash::SegmentId;
 
+/// Keytable pages beyond twice the first level that a GC flush is assumed
+/// to need at most (index pages, the relocated entries' own keys).
+const KT_FLUSH_SLACK_PAGES: u64 = 8;
 /// Segments cleaned per pass at most.
 const MAX_VICTIMS_PER_PASS: usize = 4;
 
@@ -76,9 +80,10 @@ impl DbInner {
             return Ok(0);
         }
         Counters::add(&self.counters.gc_runs, 1);
+        let reserve = self.relocation_reserve(st);
         let mut cleaned = 0;
         for (seg, meta, _) in &victims {
-            if self.gc_segment(*seg, meta)? {
+            if self.gc_segment(*seg, meta, reserve)? {
                 st.gc_awaiting_flush.push(*seg);
                 cleaned += 1;
             } else {
@@ -94,6 +99,35 @@ impl DbInner {
         Ok(cleaned)
     }
 
+    /// How far GC relocation may dip into the free segments: all but the
+    /// last one, which the flush completing the pass may need for its
+    /// keytables, or the last one too when the keytable segment already has
+    /// room for that flush. The flush rewrites the first level (random keys
+    /// overlap all of it) with the relocated entries; twice the level's
+    /// pages and a few more leave a wide margin. Without this, a device
+    /// whose deletes' flush took the second-last segment could never
+    /// relocate, and so never reclaim, anything.
+    fn relocation_reserve(&self, st: &MaintState) -> Reserve {
+        let seg_pages = u64::from(self.flash.geometry().pages_per_segment);
+        let room = st
+            .kt_seg
+            .as_ref()
+            .map_or(0, |(_, next)| seg_pages.saturating_sub(u64::from(*next)));
+        let page = self.page;
+        let first_level_pages: u64 = self
+            .sv
+            .read()
+            .version
+            .levels
+            .first()
+            .map_or(0, |l| l.iter().map(|kt| kt.bytes(page) / page as u64).sum());
+        if room >= 2 * first_level_pages + KT_FLUSH_SLACK_PAGES {
+            Reserve::InternalLast
+        } else {
+            Reserve::Internal
+        }
+    }
+
     /// At least [`ROOMY_FREE_FRACTION`] of the device's segments are free.
     fn space_roomy(&self) -> bool {
         let segments = f64::from(self.flash.geometry().segment_count);
@@ -106,7 +140,7 @@ impl DbInner {
     /// newer ones would hide them, so such a segment waits until the snapshot
     /// is released (the latest versions already re-inserted are harmless
     /// duplicates that shadow their originals).
-    fn gc_segment(&self, seg: SegmentId, meta: &SegMeta) -> Result<bool> {
+    fn gc_segment(&self, seg: SegmentId, meta: &SegMeta, reserve: Reserve) -> Result<bool> {
         let page = self.vlog.page_size() as u64;
         let mut reader = SegmentReader::new(&self.flash, seg);
         let snapshots = self.snapshot_seqs();
@@ -139,7 +173,7 @@ impl DbInner {
                     match self.liveness(rec.key, rec.header.seq, ptr, &snapshots)? {
                         Liveness::Dead => {}
                         Liveness::Latest => {
-                            self.relocate(rec.key, rec.value, rec.header.seq)?;
+                            self.relocate(rec.key, rec.value, rec.header.seq, reserve)?;
                             Counters::add(&self.counters.gc_bytes_relocated, len as u64);
                         }
                         Liveness::PinnedBySnapshot => {

@@ -87,6 +87,9 @@ pub enum Reserve {
     Delete,
     /// GC relocation: may use all of it but one segment.
     Internal,
+    /// GC relocation when the flush that completes GC needs no segment of
+    /// its own (the keytable segment has room for it): may use the last.
+    InternalLast,
 }
 
 /// One record to append.
@@ -264,11 +267,15 @@ impl ValueLog {
 
     fn allocate(&self, reserve: Reserve) -> Result<(SegmentId, u32)> {
         let keep = match reserve {
-            Reserve::User => self.reserved_segments,
+            // Plus one: the flush of what user writes appended may need a
+            // keytable segment, and must not take it from the reserve that
+            // deletes and GC need once user writes have stopped.
+            Reserve::User => self.reserved_segments + 1,
             // Deletes make room, but leave GC a log and a keytable segment.
             Reserve::Delete => 1 + self.reserved_segments / 2,
             // Leave the last segment for the flush that completes GC.
             Reserve::Internal => 1,
+            Reserve::InternalLast => 0,
         };
         if self.flash.free_segments() <= keep {
             return Err(Error::NoSpace);

@@ -33,6 +33,11 @@ const STRIPE_BYTES: usize = 1024 * 1024;
 const IO_THREADS: usize = 32;
 /// Zeros written per call while filling holes (see [`FileDevice::preallocate`]).
 const FILL_CHUNK: usize = 8 << 20;
+/// Part of the free space [`FileDevice::fitting_capacity`] leaves to the
+/// file system: one part in this many ...
+pub const HOST_MARGIN_FRACTION: u64 = 32;
+/// ... and at least this many bytes.
+pub const HOST_MARGIN_MIN: u64 = 2 << 20;
 /// `BLKDISCARD` = `_IO(0x12, 119)`: discard a byte range of a block device.
 const BLKDISCARD: libc::c_ulong = 0x1277;
 
@@ -134,6 +139,28 @@ impl FileDevice {
             pool: IoPool::new("flash-io", IO_THREADS)?,
             counters: AtomicCounters::default(),
         }))
+    }
+
+    /// The capacity a new device file at `path` may have so that its file
+    /// system can hold all of it: `requested`, or less when the file system
+    /// (of `path`'s directory) has less free space than that, keeping back
+    /// [`HOST_MARGIN_FRACTION`] of the free space (at least
+    /// [`HOST_MARGIN_MIN`]) for the file system and other files. A sparse
+    /// device larger than its file system would run into a full file
+    /// system before it is full itself; a device that fits reports a full
+    /// device instead, where deletes and GC make room. `None` when `path`
+    /// already exists (its size stands) or the free space cannot be read.
+    /// Returns the capacity and the free space seen.
+    pub fn fitting_capacity(path: &Path, requested: u64) -> Option<(u64, u64)> {
+        if path.exists() {
+            return None;
+        }
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty())?;
+        let free = File::open(dir)
+            .ok()
+            .and_then(|d| free_bytes(d.as_raw_fd()).ok())?;
+        let margin = (free / HOST_MARGIN_FRACTION).max(HOST_MARGIN_MIN);
+        Some((requested.min(free.saturating_sub(margin)), free))
     }
 
     /// True when I/O bypasses the page cache (opened with O_DIRECT).

@@ -266,6 +266,12 @@ fn a_full_host_file_system_refuses_writes_until_space_is_freed() {
     let ballast = fs.path().join("ballast");
     std::fs::write(&ballast, vec![7u8; 8 << 20]).expect("ballast");
     let data = fs.path().join("data");
+    // Overcommitted on purpose: a device file created before the node
+    // starts keeps its size (a new one would be fitted to the tmpfs).
+    std::fs::create_dir_all(&data).expect("data dir");
+    std::fs::File::create(data.join("lightstore.dev"))
+        .and_then(|f| f.set_len(256 << 20))
+        .expect("sparse device file");
     let flags = ["--capacity", "256M", "--durability", "sync"];
     let mut n = Node::start_in(&data, &flags).expect("start");
     let value = vec![b'h'; 8192];
@@ -345,4 +351,147 @@ fn a_full_host_file_system_refuses_writes_until_space_is_freed() {
         );
     }
     assert_eq!(call(&mut c, &[b"GET", b"more"]), Resp::Bulk(b"x".to_vec()));
+}
+
+/// SETs of `value` under keys `fill:NNNNN` until one is refused; the keys
+/// acknowledged and the refusal.
+fn fill_until_refused(c: &mut BufReader<std::net::TcpStream>, value: &[u8]) -> (usize, String) {
+    for i in 0..100_000 {
+        let key = format!("fill:{i:05}");
+        match call(c, &[b"SET", key.as_bytes(), value]) {
+            Resp::Simple(s) if s == "OK" => {}
+            Resp::Error(e) => return (i, e),
+            other => panic!("SET {key}: {other:?}"),
+        }
+    }
+    panic!("the device never filled up");
+}
+
+/// Retries a SET for at most `limit`: writes must resume by themselves.
+fn set_when_room(
+    c: &mut BufReader<std::net::TcpStream>,
+    key: &[u8],
+    value: &[u8],
+    limit: Duration,
+) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match call(c, &[b"SET", key, value]) {
+            Resp::Simple(s) if s == "OK" => return,
+            Resp::Error(e) if std::time::Instant::now() < deadline => {
+                assert!(e.starts_with("ERR NOSPACE"), "{e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => panic!("writes did not resume within {limit:?} after the deletes: {other:?}"),
+        }
+    }
+}
+
+/// Hardening §1: a node on a small file system, with the default-sized
+/// (8G) sparse device. The device is fitted to the file system when it is
+/// created, so filling it with 64 KiB values ends in a clear NOSPACE
+/// (device full), never a full file system; reads go on, deletes are
+/// accepted, and once three quarters are deleted GC makes room and writes
+/// resume, without a restart, with every remaining key intact. Under
+/// `interval` and `sync` durability, each also with a restart while full
+/// (a clean stop under `interval`, kill -9 under `sync`).
+#[test]
+fn a_node_on_a_small_file_system_fills_then_recovers_after_deletes() {
+    // (durability, restart while full: none, SIGTERM, or kill -9 where
+    // every acknowledged write is durable)
+    for (durability, restart) in [
+        ("interval", ""),
+        ("sync", ""),
+        ("interval", "stop"),
+        ("sync", "kill"),
+    ] {
+        let Some(fs) = SmallFs::mount(48) else { return };
+        let data = fs.path().join("data");
+        let flags = ["--capacity", "8G", "--durability", durability];
+        let mut n = Node::start_in(&data, &flags).expect("start");
+        assert!(
+            n.log_text().contains("instead of --capacity 8192 MiB"),
+            "the fitted capacity is announced:\n{}",
+            n.log_text()
+        );
+        let value = |i: usize| format!("{i:05}").repeat((64 << 10) / 5).into_bytes();
+        let mut c = BufReader::new(n.connect());
+        let (acked, err) = fill_until_refused(&mut c, &value(0));
+        assert!(
+            err.starts_with("ERR NOSPACE device full"),
+            "{durability}: {err}"
+        );
+        assert!(acked > 100, "{durability}: only {acked} SETs of 64 KiB fit");
+        assert_eq!(info_host_full(&mut c), "0", "the file system never filled");
+        for i in (0..acked).step_by(37) {
+            let key = format!("fill:{i:05}");
+            assert_eq!(
+                call(&mut c, &[b"GET", key.as_bytes()]),
+                Resp::Bulk(value(0))
+            );
+        }
+        if !restart.is_empty() {
+            // Stopped or killed while full: it restarts and serves its data.
+            drop(c);
+            if restart == "kill" {
+                n.child.kill().unwrap();
+                n.child.wait().unwrap();
+            } else {
+                n.terminate();
+                assert_eq!(
+                    n.wait_exit(Duration::from_secs(30)),
+                    Some(0),
+                    "{}",
+                    n.log_text()
+                );
+            }
+            drop(n);
+            n = Node::start_in(&data, &flags).expect("restart while full");
+            c = BufReader::new(n.connect());
+        }
+        for i in (0..acked).filter(|i| i % 4 != 0) {
+            let key = format!("fill:{i:05}");
+            assert_eq!(
+                call(&mut c, &[b"DEL", key.as_bytes()]),
+                Resp::Int(1),
+                "{durability}: DEL {key} on a full device; INFO: {}\n{}",
+                match call(&mut c, &[b"INFO", b"engine"]) {
+                    Resp::Bulk(b) => String::from_utf8_lossy(&b).replace("\r\n", " "),
+                    other => format!("{other:?}"),
+                },
+                n.log_text()
+            );
+        }
+        set_when_room(&mut c, b"after", &value(1), Duration::from_secs(30));
+        for i in 0..acked {
+            let key = format!("fill:{i:05}");
+            let want = if i % 4 == 0 {
+                Resp::Bulk(value(0))
+            } else {
+                Resp::Nil
+            };
+            assert_eq!(
+                call(&mut c, &[b"GET", key.as_bytes()]),
+                want,
+                "{durability}: {key}"
+            );
+        }
+        // The space GC freed is usable: many more values fit.
+        let mut more = 0;
+        for i in 0..acked / 2 {
+            let key = format!("more:{i:05}");
+            match call(&mut c, &[b"SET", key.as_bytes(), &value(2)]) {
+                Resp::Simple(s) if s == "OK" => more += 1,
+                Resp::Error(e) if e.starts_with("ERR NOSPACE") => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => panic!("SET {key}: {other:?}"),
+            }
+        }
+        assert!(
+            more >= acked / 4,
+            "{durability}: only {more} SETs after freeing 3/4 of {acked}"
+        );
+        assert_eq!(call(&mut c, &[b"GET", b"after"]), Resp::Bulk(value(1)));
+    }
 }

@@ -28,21 +28,18 @@ fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
         dir: dir.clone(),
         source,
     })?;
-    let device = FileDevice::open(
-        &config.device_path(),
-        Some(config.capacity.0),
-        DEFAULT_PAGE_SIZE,
-    )
-    .map_err(|e| match e {
-        FlashError::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
-            ServerError::Locked { dir: dir.clone() }
-        }
-        FlashError::Io(source) => ServerError::DataDir {
-            dir: dir.clone(),
-            source,
-        },
-        other => ServerError::Engine(other.into()),
-    })?;
+    let capacity = capacity_for_new_device(config);
+    let device = FileDevice::open(&config.device_path(), Some(capacity), DEFAULT_PAGE_SIZE)
+        .map_err(|e| match e {
+            FlashError::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                ServerError::Locked { dir: dir.clone() }
+            }
+            FlashError::Io(source) => ServerError::DataDir {
+                dir: dir.clone(),
+                source,
+            },
+            other => ServerError::Engine(other.into()),
+        })?;
     device.set_punch_holes(!config.keep_file_blocks);
     if config.preallocate {
         let started = std::time::Instant::now();
@@ -74,6 +71,34 @@ fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
             .max(opts.cache_bytes.saturating_add(256 << 20));
     }
     Ok(engine::Db::open(device, opts)?)
+}
+
+/// The capacity to create a new device file with: `--capacity`, clamped
+/// (with a warning) to what the data directory's file system can hold, so
+/// the node meets a full device (deletes and GC make room) rather than a
+/// full file system under a sparse file. An existing device file keeps its
+/// size: to run a sparse device larger than its file system (one that will
+/// grow), create the file first (`truncate -s SIZE …/lightstore.dev`).
+fn capacity_for_new_device(config: &Config) -> u64 {
+    let requested = config.capacity.0;
+    match FileDevice::fitting_capacity(&config.device_path(), requested) {
+        Some((fits, free)) if fits < requested => {
+            let msg = format!(
+                "the device file {} is created with {} MiB instead of --capacity {} MiB: its \
+                 file system has {} MiB free, and a sparse device larger than its file system \
+                 would wedge when the file system fills (to overcommit on purpose, create the \
+                 file first with truncate -s)",
+                config.device_path().display(),
+                fits >> 20,
+                requested >> 20,
+                free >> 20
+            );
+            tracing::warn!("{msg}");
+            eprintln!("WARNING: {msg}");
+            fits
+        }
+        _ => requested,
+    }
 }
 
 /// Runs a node until it is told to stop; returns after the engine is closed.
