@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a node: own one device and serve it over RESP (redis-cli works).
-    Node(node::NodeArgs),
+    Node(Box<node::NodeArgs>),
     /// Run a key-value workload against the engine in-process.
     Bench(bench::BenchArgs),
     /// Talk to a cluster: status, repair, get/set/del/range.
@@ -71,7 +71,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Node(args) => node::run(args),
+        Command::Node(args) => node::run(*args),
         Command::Bench(args) => bench::run(args).map_err(Into::into),
         Command::Cluster(args) => cluster_cmd::run(args),
         Command::Up(args) => up::run(args),

@@ -63,6 +63,10 @@ pub struct NodeArgs {
     /// How long a client may wait for request memory before it is refused (default 30000).
     #[arg(long, value_name = "MS")]
     request_memory_wait_ms: Option<u64>,
+    /// How long a reply write may make no progress (a client not reading its
+    /// replies) before the connection is closed (default 60000).
+    #[arg(long, value_name = "MS")]
+    reply_timeout_ms: Option<u64>,
     /// Executor threads running writes (default 16).
     #[arg(long)]
     threads: Option<usize>,
@@ -144,6 +148,9 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = args.request_memory_wait_ms {
         c.request_memory_wait_ms = v;
+    }
+    if let Some(v) = args.reply_timeout_ms {
+        c.reply_timeout_ms = v;
     }
     if let Some(v) = args.threads {
         c.threads = Some(v);

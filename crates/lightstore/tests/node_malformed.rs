@@ -6,7 +6,7 @@ mod node_support;
 
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use node_support::{call, Node, Resp};
 
@@ -270,4 +270,64 @@ fn max_reply_bounds_mget_and_range_replies() {
         other => panic!("CONFIG GET max-reply: {other:?}"),
     }
     still_serving(&n);
+}
+
+/// A client that asks for replies and never reads them is closed once a
+/// reply write has made no progress for `--reply-timeout-ms`, rather than
+/// kept for good; a client that reads slowly but steadily is not.
+#[test]
+fn a_client_that_never_reads_its_replies_is_closed() {
+    let n = Node::start(&["--reply-timeout-ms", "500"]);
+    let value = vec![b'r'; 2 << 20];
+    let mut c = BufReader::new(n.connect());
+    assert_eq!(
+        call(&mut c, &[b"SET", b"big", &value]),
+        Resp::Simple("OK".into())
+    );
+    let info = |c: &mut BufReader<std::net::TcpStream>, field: &str| -> u64 {
+        match call(c, &[b"INFO"]) {
+            Resp::Bulk(b) => String::from_utf8_lossy(&b)
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{field}:"))?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{field} not in INFO")),
+            other => panic!("INFO: {other:?}"),
+        }
+    };
+    // 200 MiB of replies, far more than the sockets' buffers hold.
+    let mut mute = n.connect();
+    mute.write_all(&b"GET big\r\n".repeat(100)).unwrap();
+    // A slow reader beside it: 40 replies, one every 200 ms.
+    let mut slow = BufReader::new(n.connect());
+    slow.get_mut()
+        .write_all(&b"GET big\r\n".repeat(40))
+        .unwrap();
+    let started = Instant::now();
+    for i in 0..40 {
+        std::thread::sleep(Duration::from_millis(200));
+        match node_support::read_reply(&mut slow).expect("the slow reader is served") {
+            Resp::Bulk(v) => assert!(v == value, "reply {i} differs"),
+            other => panic!("reply {i}: {other:?}"),
+        }
+    }
+    assert!(started.elapsed() > Duration::from_secs(8));
+    assert_eq!(
+        info(&mut c, "reply_timeouts"),
+        1,
+        "the mute client was closed"
+    );
+    assert_eq!(
+        info(&mut c, "connected_clients"),
+        2,
+        "c and the slow reader remain"
+    );
+    // The closed client reads what was sent before the close, then the end.
+    mute.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = mute.read_to_end(&mut got);
+    assert!(
+        got.len() < 100 * value.len(),
+        "all {} bytes arrived",
+        got.len()
+    );
 }

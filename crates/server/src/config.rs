@@ -104,6 +104,11 @@ pub struct Config {
     /// holding request memory may send nothing before it is closed
     /// (default 30000 ms).
     pub request_memory_wait_ms: u64,
+    /// How long a reply write may make no progress (a client that does not
+    /// read what it asked for) before the connection is closed (default
+    /// 60000 ms). What such a client holds stays bounded by the reply
+    /// budget, but its connection would otherwise stay open for good.
+    pub reply_timeout_ms: u64,
     /// Most value bytes one reply may carry (MGET, RANGE); a command that
     /// would return more is refused with `-ERR reply too large`, before its
     /// values are read. Pipelined requests are not affected: their replies
@@ -162,6 +167,7 @@ impl Default for Config {
             max_request: None,
             max_request_memory: None,
             request_memory_wait_ms: 30_000,
+            reply_timeout_ms: 60_000,
             max_reply: Size(256 << 20),
             threads: None,
             read_threads: None,
@@ -283,6 +289,9 @@ impl Config {
             if memory < request {
                 return bad("max_request_memory", "must be at least max_request");
             }
+        }
+        if self.reply_timeout_ms == 0 {
+            return bad("reply_timeout_ms", "must be at least 1");
         }
         if self.requirepass.as_deref() == Some("") {
             return bad("requirepass", "must not be empty");

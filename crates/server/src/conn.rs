@@ -140,7 +140,7 @@ where
             after = After::Close;
         }
         if !wbuf.is_empty() {
-            if stream.write_all(&wbuf).await.is_err() {
+            if write_reply(&mut stream, &wbuf, &state).await.is_err() {
                 break;
             }
             wbuf.clear();
@@ -190,7 +190,7 @@ where
             Taken::Stopped => break,
             Taken::No(e) => {
                 e.encode(session.resp, &mut wbuf);
-                let _ = stream.write_all(&wbuf).await;
+                let _ = write_reply(&mut stream, &wbuf, &state).await;
                 break;
             }
         }
@@ -226,7 +226,7 @@ where
                     stall_limit.as_millis()
                 ))
                 .encode(session.resp, &mut wbuf);
-                let _ = stream.write_all(&wbuf).await;
+                let _ = write_reply(&mut stream, &wbuf, &state).await;
                 break;
             }
             _ = stop.changed() => break,
@@ -244,6 +244,32 @@ struct Timing {
     local: Duration,
     /// Whether it ran on the executor.
     engine: bool,
+}
+
+/// Writes `buf` whole, failing with `TimedOut` when one write makes no
+/// progress for `reply_timeout_ms`: a client that stops reading its
+/// replies is closed rather than kept for good (counted in INFO stats
+/// `reply_timeouts`). A client reading slowly but steadily is not.
+async fn write_reply<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &[u8],
+    state: &NodeState,
+) -> std::io::Result<()> {
+    let limit = Duration::from_millis(state.config.reply_timeout_ms);
+    let mut done = 0;
+    while done < buf.len() {
+        match tokio::time::timeout(limit, stream.write(&buf[done..])).await {
+            Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => done += n,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                Counters::bump(&state.counters.reply_timeouts);
+                tracing::debug!("closing a client that read no reply for {limit:?}");
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Answers a batch of requests, appending the encoded replies to `out`.
@@ -365,7 +391,9 @@ async fn run_batch<S: AsyncWrite + Unpin>(
             .map(|a| a.len() + protocol::ARG_OVERHEAD)
             .sum();
         hold.lower_to(idle + rest_bytes);
-        if stream.write_all(out).await.is_err() {
+        if write_reply(stream, out, state).await.is_err() {
+            // The connection is done: nothing more is written to it.
+            out.clear();
             return After::Close;
         }
         out.clear();

@@ -88,6 +88,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("total_commands_processed", &get(&c.commands));
             line("rejected_connections", &get(&c.rejected_connections));
             line("rejected_protected_mode", &get(&c.rejected_protected));
+            line("reply_timeouts", &get(&c.reply_timeouts));
             line("inline_sets", &get(&c.inline_sets));
             line("net_gets", &get(&c.net_gets));
             for ((_, name, _), calls) in COMMANDS.iter().zip(&c.calls) {

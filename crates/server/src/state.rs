@@ -21,6 +21,9 @@ pub struct Counters {
     pub rejected_connections: AtomicU64,
     /// Connections refused by protected mode (non-loopback, no password).
     pub rejected_protected: AtomicU64,
+    /// Connections closed because a reply write made no progress for
+    /// `reply_timeout_ms`.
+    pub reply_timeouts: AtomicU64,
     /// Connections open now.
     pub clients: AtomicUsize,
     /// Requests processed.
@@ -39,6 +42,7 @@ impl Counters {
             connections_received: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
             rejected_protected: AtomicU64::new(0),
+            reply_timeouts: AtomicU64::new(0),
             clients: AtomicUsize::new(0),
             commands: AtomicU64::new(0),
             inline_sets: AtomicU64::new(0),
