@@ -491,7 +491,7 @@ impl DbInner {
             user_bytes += (k.len() + v.len()) as u64;
         }
         match wait {
-            Wait::Allowed => self.throttle(),
+            Wait::Allowed => self.throttle()?,
             Wait::Never if self.write_would_wait(user_bytes) => return Ok(None),
             Wait::Never => {}
         }
@@ -695,9 +695,13 @@ impl DbInner {
     /// delayed a little, more the further behind it is (up to 1.5 ms); only
     /// far past the limit do writers wait for the flush. Short of free space,
     /// writes also yield some time to GC.
-    fn throttle(&self) {
+    ///
+    /// The wait for the flush is bounded by [`Options::max_write_stall`]:
+    /// past it the write fails with [`Error::WriteStall`] (nothing written)
+    /// rather than waiting for a flush that is not finishing.
+    fn throttle(&self) -> Result<()> {
         if !self.opts.background {
-            return;
+            return Ok(());
         }
         if self.free_hint_low() {
             self.wake();
@@ -706,23 +710,28 @@ impl DbInner {
         }
         let debt = self.flush_debt();
         if debt < SLOW_DOWN_DEBT {
-            return;
+            return Ok(());
         }
         self.wake();
         if debt < 2.5 {
             let micros = ((debt - SLOW_DOWN_DEBT) * 1000.0) as u64;
             std::thread::sleep(Duration::from_micros(micros));
             Counters::add(&self.counters.write_throttle_micros, micros);
-            return;
+            return Ok(());
         }
+        let deadline = std::time::Instant::now() + self.opts.max_write_stall;
         let mut w = self.wake.lock();
         while self.flush_debt() >= 2.5 && !self.shutdown.load(Ordering::Acquire) {
             if self.bg_error.lock().is_some() {
-                return;
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::WriteStall(self.opts.max_write_stall));
             }
             self.flushed_cv.wait_for(&mut w, Duration::from_millis(10));
             Counters::add(&self.counters.write_throttle_micros, 10_000);
         }
+        Ok(())
     }
 
     pub(crate) fn wake(&self) {
@@ -1098,6 +1107,48 @@ mod tests {
         reader.join().expect("stats thread");
         let stats = stats.expect("stats waited for the maintenance lock");
         assert!(stats.user_bytes_written > 0);
+    }
+
+    /// A write waits for a flush that is far behind only up to
+    /// `max_write_stall`, then fails with `WriteStall`, having written
+    /// nothing; once the flush can run, writes go on.
+    #[test]
+    fn a_write_waits_for_a_stuck_flush_only_so_long() {
+        let opts = Options {
+            background: true,
+            max_write_stall: Duration::from_millis(300),
+            ..Options::small_for_tests()
+        };
+        let db = Db::open(crate::test_support::nand_device(), opts).expect("open");
+        // Maintenance cannot run while the test holds its lock.
+        let held = db.inner.maint.lock();
+        let started = std::time::Instant::now();
+        let mut stalled = None;
+        for i in 0..10_000u32 {
+            match db.put(format!("k{i:05}").as_bytes(), &[7u8; 200]) {
+                Ok(()) => {}
+                Err(e) => {
+                    stalled = Some((i, e));
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "writes never stopped"
+            );
+        }
+        let (i, e) = stalled.expect("a write stalled");
+        assert!(matches!(e, Error::WriteStall(_)), "{e}");
+        assert!(e.to_string().starts_with("BUSY"), "{e}");
+        let key = format!("k{i:05}");
+        assert_eq!(
+            db.get(key.as_bytes()).unwrap(),
+            None,
+            "the stalled write wrote nothing"
+        );
+        drop(held);
+        db.put(key.as_bytes(), b"later")
+            .expect("writes go on once the flush runs");
     }
 
     /// A flush that failed after freezing the memtable (out of space, say)

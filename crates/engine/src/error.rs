@@ -79,6 +79,14 @@ pub enum Error {
     /// store is reopened; reads go on. Reopening recovers what is durable.
     #[error("IOERR {0} (reads still work; restart the node to recover what is durable)")]
     DeviceFailed(String),
+    /// A write waited [`crate::Options::max_write_stall`] for the memtable
+    /// flush it depends on, which did not finish (maintenance is stuck or
+    /// the device far too slow); nothing was written, retry later.
+    #[error(
+        "BUSY the write waited {0:?} for a memtable flush that did not finish (see the log); \
+         nothing was written, retry later"
+    )]
+    WriteStall(std::time::Duration),
     /// The engine was shut down or a background task failed; see the log.
     #[error("engine stopped: {0}")]
     Stopped(String),

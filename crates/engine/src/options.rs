@@ -79,6 +79,10 @@ pub struct Options {
     /// Segment size in pages used when formatting a blank device (`None`:
     /// 128 MiB, smaller on small devices so there are at least 16 segments).
     pub format_segment_pages: Option<u32>,
+    /// Longest a write waits for the memtable flush when flushing has
+    /// fallen far behind; past it the write fails with
+    /// [`crate::Error::WriteStall`].
+    pub max_write_stall: Duration,
     /// Run background work (flush, compaction, GC) on a thread. Tests may turn
     /// it off and call `Db::maintenance` themselves for determinism.
     pub background: bool,
@@ -103,6 +107,7 @@ impl Default for Options {
             reserved_segments: 3,
             log_chunk_bytes: 1024 * 1024,
             format_segment_pages: None,
+            max_write_stall: Duration::from_secs(30),
             background: true,
         }
     }
@@ -128,6 +133,7 @@ impl Options {
             reserved_segments: 3,
             log_chunk_bytes: 16 * 1024,
             format_segment_pages: Some(16),
+            max_write_stall: Duration::from_secs(30),
             background: false,
         }
     }
