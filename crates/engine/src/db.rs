@@ -96,6 +96,11 @@ pub(crate) struct MaintState {
     pub(crate) kt_keep_free: u32,
 }
 
+/// Lock order: `maint` (held through whole flush, compaction and GC
+/// rounds), then the value log's locks (`vlog`: io, inner, sync; see
+/// `vlog.rs`), then the superversion `sv` (taken inside the log lock, so the
+/// memtable sees records in log order). Writers never take `maint`; they
+/// wake maintenance instead.
 pub(crate) struct DbInner {
     pub(crate) opts: Options,
     pub(crate) flash: Arc<FlashStore>,
