@@ -61,8 +61,7 @@ fn sigterm_stops_cleanly_and_keeps_data() {
     let tmp = tempfile::tempdir().unwrap();
     let mut n = Node::start_in(tmp.path(), &[]).expect("start");
     assert_eq!(n.cli(&["set", "term", "kept"]), "OK");
-    n.terminate();
-    assert_eq!(n.wait_exit(Duration::from_secs(20)), Some(0));
+    n.stop_cleanly(Duration::from_secs(20));
     drop(n);
     let n = Node::start_in(tmp.path(), &[]).expect("restart");
     assert_eq!(n.cli(&["get", "term"]), "kept");
@@ -176,8 +175,7 @@ fn preallocate_allocates_the_whole_device_file_and_keeps_data() {
     for i in 0..200 {
         assert_eq!(n.cli(&["set", &format!("k{i}"), &"v".repeat(3000)]), "OK");
     }
-    n.terminate();
-    assert_eq!(n.wait_exit(Duration::from_secs(30)), Some(0));
+    n.stop_cleanly(Duration::from_secs(30));
     drop(n);
     // A second start finds no holes to fill and leaves the data alone.
     let n = Node::start_in(tmp.path(), &flags).expect("restart");
@@ -227,21 +225,23 @@ impl Drop for SmallFs {
     }
 }
 
-/// SETs until one is refused; the number acknowledged and the refusal.
+/// SETs of `value` under keys `{prefix}:NNNNN` from `from` until one is
+/// refused; the number acknowledged and the refusal.
 fn set_until_refused(
     c: &mut BufReader<std::net::TcpStream>,
+    prefix: &str,
     from: usize,
     value: &[u8],
 ) -> (usize, String) {
     for i in from..from + 100_000 {
-        let key = format!("host:{i:05}");
+        let key = format!("{prefix}:{i:05}");
         match call(c, &[b"SET", key.as_bytes(), value]) {
             Resp::Simple(s) if s == "OK" => {}
             Resp::Error(e) => return (i, e),
             other => panic!("SET {key}: {other:?}"),
         }
     }
-    panic!("the host file system never filled up");
+    panic!("nothing filled up after 100000 SETs");
 }
 
 /// The engine section's `host_full` field of INFO.
@@ -276,7 +276,7 @@ fn a_full_host_file_system_refuses_writes_until_space_is_freed() {
     let mut n = Node::start_in(&data, &flags).expect("start");
     let value = vec![b'h'; 8192];
     let mut c = BufReader::new(n.connect());
-    let (acked, err) = set_until_refused(&mut c, 0, &value);
+    let (acked, err) = set_until_refused(&mut c, "host", 0, &value);
     assert!(err.starts_with("ERR NOSPACE"), "{err}");
     assert!(
         err.contains("file system holding the device is full"),
@@ -310,18 +310,8 @@ fn a_full_host_file_system_refuses_writes_until_space_is_freed() {
     }
     // Space freed on the host: writes resume by themselves.
     std::fs::remove_file(&ballast).expect("remove ballast");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        match call(&mut c, &[b"SET", b"more", b"x"]) {
-            Resp::Simple(s) if s == "OK" => break,
-            Resp::Error(e) if std::time::Instant::now() < deadline => {
-                assert!(e.starts_with("ERR NOSPACE"), "{e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            other => panic!("writes did not resume after space was freed: {other:?}"),
-        }
-    }
-    let (more, _) = set_until_refused(&mut c, acked, &value);
+    set_when_room(&mut c, b"more", b"x", Duration::from_secs(20));
+    let (more, _) = set_until_refused(&mut c, "host", acked, &value);
     assert!(
         more > acked + 100,
         "only {} more SETs after freeing 8 MiB",
@@ -330,13 +320,7 @@ fn a_full_host_file_system_refuses_writes_until_space_is_freed() {
     // A clean stop on a full host: every acknowledged SET is durable
     // (`sync`), so only the final flush is skipped.
     let mut n = n;
-    n.terminate();
-    assert_eq!(
-        n.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        n.log_text()
-    );
+    n.stop_cleanly(Duration::from_secs(30));
     drop(n);
     drop(c);
     // The host is full again: the restart replays the log for reads.
@@ -353,21 +337,8 @@ fn a_full_host_file_system_refuses_writes_until_space_is_freed() {
     assert_eq!(call(&mut c, &[b"GET", b"more"]), Resp::Bulk(b"x".to_vec()));
 }
 
-/// SETs of `value` under keys `fill:NNNNN` until one is refused; the keys
-/// acknowledged and the refusal.
-fn fill_until_refused(c: &mut BufReader<std::net::TcpStream>, value: &[u8]) -> (usize, String) {
-    for i in 0..100_000 {
-        let key = format!("fill:{i:05}");
-        match call(c, &[b"SET", key.as_bytes(), value]) {
-            Resp::Simple(s) if s == "OK" => {}
-            Resp::Error(e) => return (i, e),
-            other => panic!("SET {key}: {other:?}"),
-        }
-    }
-    panic!("the device never filled up");
-}
-
-/// Retries a SET for at most `limit`: writes must resume by themselves.
+/// Retries a SET for at most `limit` while it gets NOSPACE: writes must
+/// resume by themselves.
 fn set_when_room(
     c: &mut BufReader<std::net::TcpStream>,
     key: &[u8],
@@ -380,9 +351,9 @@ fn set_when_room(
             Resp::Simple(s) if s == "OK" => return,
             Resp::Error(e) if std::time::Instant::now() < deadline => {
                 assert!(e.starts_with("ERR NOSPACE"), "{e}");
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(50));
             }
-            other => panic!("writes did not resume within {limit:?} after the deletes: {other:?}"),
+            other => panic!("writes did not resume within {limit:?}: {other:?}"),
         }
     }
 }
@@ -416,7 +387,7 @@ fn a_node_on_a_small_file_system_fills_then_recovers_after_deletes() {
         );
         let value = |i: usize| format!("{i:05}").repeat((64 << 10) / 5).into_bytes();
         let mut c = BufReader::new(n.connect());
-        let (acked, err) = fill_until_refused(&mut c, &value(0));
+        let (acked, err) = set_until_refused(&mut c, "fill", 0, &value(0));
         assert!(
             err.starts_with("ERR NOSPACE device full"),
             "{durability}: {err}"
@@ -437,13 +408,7 @@ fn a_node_on_a_small_file_system_fills_then_recovers_after_deletes() {
                 n.child.kill().unwrap();
                 n.child.wait().unwrap();
             } else {
-                n.terminate();
-                assert_eq!(
-                    n.wait_exit(Duration::from_secs(30)),
-                    Some(0),
-                    "{}",
-                    n.log_text()
-                );
+                n.stop_cleanly(Duration::from_secs(30));
             }
             drop(n);
             n = Node::start_in(&data, &flags).expect("restart while full");

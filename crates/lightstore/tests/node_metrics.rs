@@ -136,8 +136,7 @@ fn plain_sets_are_written_on_the_network_thread_under_interval_durability() {
     assert_eq!(info_field(&n, "stats", "inline_sets"), Some(3));
     assert_eq!(n.cli(&["get", "k2"]), "v2");
     // A clean stop syncs what the network thread wrote.
-    n.terminate();
-    assert_eq!(n.wait_exit(Duration::from_secs(30)), Some(0));
+    n.stop_cleanly(Duration::from_secs(30));
     drop(n);
     let n = Node::start_in(dir.path(), &[]).expect("node restarts");
     for i in 0..3 {
@@ -168,8 +167,7 @@ fn lone_gets_are_read_on_the_network_thread() {
             call(&mut conn, &[b"SET", b"empty", b""]),
             Resp::Simple("OK".into())
         );
-        n.terminate();
-        assert_eq!(n.wait_exit(Duration::from_secs(30)), Some(0));
+        n.stop_cleanly(Duration::from_secs(30));
     }
     // After a restart every value is on the device.
     let n = Node::start_in(dir.path(), &[]).expect("node restarts");

@@ -197,6 +197,14 @@ impl Node {
         assert!(ok);
     }
 
+    /// Sends SIGTERM and asserts the node exits with status 0 within
+    /// `limit` (its log in the failure message).
+    pub fn stop_cleanly(&mut self, limit: Duration) {
+        self.terminate();
+        let code = self.wait_exit(limit);
+        assert_eq!(code, Some(0), "{}", self.log_text());
+    }
+
     /// Waits up to `limit` for the node to exit; its exit code.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         let deadline = Instant::now() + limit;
