@@ -57,6 +57,8 @@ pub(crate) struct Inner {
     clock: AtomicU64,
     /// This client's id in the low bits of its versions (see `version.rs`).
     client_id: u16,
+    /// Copies written back by read repair (see `read.rs`).
+    pub(crate) read_repairs: AtomicU64,
 }
 
 /// A client of a LightStore cluster. Cheap to share between threads
@@ -91,6 +93,7 @@ impl Cluster {
             ring,
             clock: AtomicU64::new(0),
             client_id: crate::version::random_client_id(),
+            read_repairs: AtomicU64::new(0),
         });
         let (stop, stopped) = mpsc::channel();
         let weak = Arc::downgrade(&inner);

@@ -23,6 +23,14 @@ pub struct ClusterConfig {
     /// (replicas known down are skipped and caught up by repair), at least 1.
     #[serde(default)]
     pub write_quorum: Option<usize>,
+    /// Replicas a read asks and needs answers from. Default: every replica
+    /// that is up (at least 1): the newest copy wins and stale replicas are
+    /// repaired, so a read never returns a version older than a write
+    /// acknowledged by a replica that is up (see `docs/consistency.md`).
+    /// `1` reads the first healthy replica only: faster, but a replica that
+    /// missed writes while it was away serves them stale until repaired.
+    #[serde(default)]
+    pub read_quorum: Option<usize>,
     /// Timeout of one call to a node, milliseconds (default 2000).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
@@ -61,6 +69,7 @@ impl ClusterConfig {
             nodes: nodes.into_iter().map(Into::into).collect(),
             replicas: None,
             write_quorum: None,
+            read_quorum: None,
             timeout_ms: default_timeout_ms(),
             connect_timeout_ms: default_connect_timeout_ms(),
             retry_interval_ms: default_retry_ms(),
@@ -81,7 +90,7 @@ impl ClusterConfig {
     }
 
     /// Reads a TOML file (`nodes = ["127.0.0.1:7400", ...]`, `replicas`,
-    /// `write_quorum`, `timeout_ms`, `connect_timeout_ms`,
+    /// `write_quorum`, `read_quorum`, `timeout_ms`, `connect_timeout_ms`,
     /// `retry_interval_ms`, `password`).
     pub fn from_file(path: &Path) -> Result<ClusterConfig> {
         let text = std::fs::read_to_string(path)
@@ -136,6 +145,14 @@ impl ClusterConfig {
                 ));
             }
         }
+        if let Some(q) = self.read_quorum {
+            if q == 0 || q > self.replica_count() {
+                return bad(format!(
+                    "read_quorum = {q} must be between 1 and replicas ({})",
+                    self.replica_count()
+                ));
+            }
+        }
         if self.timeout_ms == 0 || self.connect_timeout_ms == 0 {
             return bad("timeouts must be positive".into());
         }
@@ -185,6 +202,12 @@ mod tests {
         c.write_quorum = Some(3);
         assert!(c.validate().is_err());
         c.write_quorum = Some(2);
+        assert!(c.validate().is_ok());
+        c.read_quorum = Some(0);
+        assert!(c.validate().is_err());
+        c.read_quorum = Some(3);
+        assert!(c.validate().is_err());
+        c.read_quorum = Some(1);
         assert!(c.validate().is_ok());
     }
 

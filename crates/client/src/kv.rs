@@ -1,11 +1,11 @@
-//! Point reads and writes: SET/GET/DEL and their batched forms, split per
-//! node, sent in parallel, replicated and failed over.
+//! Point writes and the read entry points: SET/GET/DEL and their batched
+//! forms, split per node, sent in parallel, replicated and failed over
+//! (the read path itself is in `read.rs`).
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use protocol::versioned::{encode_tombstone, encode_value, Versioned};
-use protocol::Reply;
 
 use crate::cluster::{Cluster, Inner};
 use crate::error::{ClientError, Result};
@@ -42,13 +42,38 @@ impl Cluster {
         self.inner.write(entries)
     }
 
-    /// Reads `key` from its first healthy replica.
+    /// Makes every write the nodes acknowledged durable on their devices,
+    /// whatever each node's `--durability`: `FSYNC` on every node that is
+    /// up, in parallel. Nodes known to be down are skipped (the writes they
+    /// took are also on replicas this syncs); a node that is up and fails
+    /// to sync fails the call, so success means every acknowledged write is
+    /// durable on at least one replica and on every replica that is up.
+    pub fn sync(&self) -> Result<()> {
+        let inner = &*self.inner;
+        let jobs: Vec<(usize, ())> = (0..inner.nodes.len())
+            .filter(|&i| inner.is_up(i))
+            .map(|i| (i, ()))
+            .collect();
+        if jobs.is_empty() {
+            return Err(ClientError::Unavailable(
+                "no node is up to make writes durable".into(),
+            ));
+        }
+        let results = inner.fan_out(jobs, |node, ()| {
+            inner.with_conn(node, |c| c.call(&[&b"FSYNC"[..]]).map(drop))
+        });
+        results.into_iter().try_for_each(|(_, r)| r)
+    }
+
+    /// Reads `key` (see [`Cluster::mget`]).
     pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         Ok(self.mget(&[key])?.pop().flatten())
     }
 
-    /// Reads several keys: one MGET per node, nodes in parallel; keys whose
-    /// node fails are read again from their next replica.
+    /// Reads several keys: one MGET per node, nodes in parallel, from as
+    /// many replicas as the read quorum asks (default: every replica that is
+    /// up); the newest copy wins and replicas found stale are repaired.
+    /// Keys whose node fails are read from their next replica.
     pub fn mget<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Bytes>>> {
         let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
         Ok(self
@@ -56,88 +81,6 @@ impl Cluster {
             .into_iter()
             .map(|v| v.and_then(|b| Versioned::decode(b).value))
             .collect())
-    }
-
-    /// Like [`Cluster::mget`] but returns what the replica stores (versioned
-    /// bytes, tombstones included), `None` only for keys it does not have.
-    /// One node's MGET of `keys`. A node refuses an MGET whose values
-    /// exceed its reply bound (`-ERR reply too large`); the keys are then
-    /// asked for in halves, on the same connection, and the answers joined.
-    fn mget_split(&self, node: usize, keys: &[&[u8]]) -> Result<Reply> {
-        let mut args: Vec<&[u8]> = Vec::with_capacity(keys.len() + 1);
-        args.push(b"MGET");
-        args.extend_from_slice(keys);
-        match self.inner.with_conn(node, |c| c.call(&args)) {
-            Err(ClientError::Server { message, .. })
-                if keys.len() > 1 && message.starts_with("ERR reply too large") =>
-            {
-                let (a, b) = keys.split_at(keys.len() / 2);
-                match (self.mget_split(node, a)?, self.mget_split(node, b)?) {
-                    (Reply::Array(mut x), Reply::Array(y)) => {
-                        x.extend(y);
-                        Ok(Reply::Array(x))
-                    }
-                    (Reply::Array(_), other) | (other, _) => Ok(other),
-                }
-            }
-            other => other,
-        }
-    }
-
-    pub(crate) fn mget_stored(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
-        let orders: Vec<Vec<usize>> = keys.iter().map(|k| self.inner.read_order(k)).collect();
-        let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
-        let mut attempt = vec![0usize; keys.len()];
-        let mut pending: Vec<usize> = (0..keys.len()).collect();
-        while !pending.is_empty() {
-            let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-            for &k in &pending {
-                let Some(&node) = orders[k].get(attempt[k]) else {
-                    return Err(ClientError::Unavailable(format!(
-                        "every replica of key {:?} failed",
-                        String::from_utf8_lossy(keys[k])
-                    )));
-                };
-                groups.entry(node).or_default().push(k);
-            }
-            let jobs: Vec<(usize, Vec<usize>)> = groups.into_iter().collect();
-            let sent: Vec<Vec<usize>> = jobs.iter().map(|(_, idx)| idx.clone()).collect();
-            let results = self.inner.fan_out(jobs, |node, idx| {
-                let wanted: Vec<&[u8]> = idx.iter().map(|&k| keys[k]).collect();
-                self.mget_split(node, &wanted)
-            });
-            pending.clear();
-            for ((node, r), idx) in results.into_iter().zip(sent) {
-                match r {
-                    Ok(Reply::Array(vals)) if vals.len() == idx.len() => {
-                        for (k, v) in idx.into_iter().zip(vals) {
-                            out[k] = match v {
-                                Reply::Bulk(b) => Some(b),
-                                _ => None,
-                            };
-                        }
-                    }
-                    Ok(other) => {
-                        return Err(ClientError::UnexpectedReply {
-                            node: self.inner.nodes[node].addr.clone(),
-                            command: "MGET".into(),
-                            reply: format!("{other:?}").chars().take(120).collect(),
-                        })
-                    }
-                    Err(e) if e.is_node_failure() => {
-                        // Read this node's keys from their next replica.
-                        for k in idx {
-                            attempt[k] += 1;
-                            pending.push(k);
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            pending.sort_unstable();
-            pending.dedup();
-        }
-        Ok(out)
     }
 }
 

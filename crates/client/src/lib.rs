@@ -2,7 +2,8 @@
 //! keys map to nodes (consistent hashing with virtual nodes and Redis-style
 //! `{hash tags}`, see [`ring`]), replication with a write quorum and
 //! versioned writes (newest version wins, see [`protocol::versioned`]),
-//! failover of reads, down-node detection with background retry, batches
+//! reads from every replica that is up with the newest copy winning and
+//! read repair (see `read.rs`), failover, down-node detection with background retry, batches
 //! split per node and sent in parallel, ordered range reads merged across
 //! nodes, anti-entropy repair and cluster status. It talks RESP to nodes over
 //! pooled, timed-out TCP connections and knows nothing of the engine.
@@ -15,6 +16,7 @@ mod conn;
 mod error;
 mod kv;
 mod range;
+mod read;
 mod repair;
 pub mod ring;
 mod status;

@@ -12,13 +12,18 @@ pub struct ClusterTarget {
     /// Node addresses, host:port,host:port,...
     #[arg(long, conflicts_with = "cluster_config")]
     nodes: Option<String>,
-    /// Cluster TOML file (nodes = [...], replicas, write_quorum, timeouts, password).
+    /// Cluster TOML file (nodes = [...], replicas, write_quorum, read_quorum,
+    /// timeouts, password).
     /// Without a password there, LIGHTSTORE_PASSWORD is used.
     #[arg(long = "cluster-config", value_name = "FILE")]
     cluster_config: Option<PathBuf>,
     /// Copies per key (default 2 with at least 2 nodes).
     #[arg(long)]
     replicas: Option<usize>,
+    /// Replicas a read asks (default: every replica that is up, newest copy
+    /// wins; 1 reads one replica, faster but possibly stale).
+    #[arg(long = "read-quorum", value_name = "N")]
+    read_quorum: Option<usize>,
 }
 
 impl ClusterTarget {
@@ -35,6 +40,9 @@ impl ClusterTarget {
         };
         if self.replicas.is_some() {
             cfg.replicas = self.replicas;
+        }
+        if self.read_quorum.is_some() {
+            cfg.read_quorum = self.read_quorum;
         }
         cfg.password_from_env(std::env::var(client::PASSWORD_ENV).ok());
         cfg.validate()?;

@@ -6,66 +6,20 @@
 
 mod node_support;
 
+use node_support::cluster::TestCluster;
+use node_support::{free_port, Node};
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use client::{Cluster, ClusterConfig};
-use node_support::{free_port, Node};
 use protocol::versioned::Versioned;
 use protocol::Reply;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-
-struct TestCluster {
-    _tmp: tempfile::TempDir,
-    dirs: Vec<PathBuf>,
-    addrs: Vec<String>,
-    nodes: Vec<Option<Node>>,
-}
-
-impl TestCluster {
-    fn start(n: usize) -> TestCluster {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let dirs: Vec<PathBuf> = (0..n)
-            .map(|i| tmp.path().join(format!("node{i}")))
-            .collect();
-        let addrs: Vec<String> = (0..n)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
-            .collect();
-        let mut c = TestCluster {
-            _tmp: tmp,
-            dirs,
-            addrs,
-            nodes: (0..n).map(|_| None).collect(),
-        };
-        for i in 0..n {
-            c.restart(i);
-        }
-        c
-    }
-
-    fn restart(&mut self, i: usize) {
-        std::fs::create_dir_all(&self.dirs[i]).expect("node dir");
-        let node = Node::start_at(&self.dirs[i], &self.addrs[i], &["--durability", "sync"])
-            .unwrap_or_else(|(code, log)| panic!("node {i} failed ({code:?}):\n{log}"));
-        self.nodes[i] = Some(node);
-    }
-
-    fn kill(&mut self, i: usize) {
-        // Node's drop is SIGKILL + wait.
-        self.nodes[i] = None;
-    }
-
-    fn client(&self) -> Cluster {
-        let mut cfg = ClusterConfig::new(self.addrs.clone());
-        cfg.timeout_ms = 3000;
-        cfg.retry_interval_ms = 100;
-        Cluster::connect(cfg).expect("client")
-    }
-}
 
 /// What node `i` stores for `key`, decoded.
 fn stored(c: &Cluster, i: usize, key: &[u8]) -> Option<Versioned> {
@@ -441,5 +395,49 @@ fn client_splits_large_write_batches() {
     let got = c.mget(&keys).expect("mget");
     for (i, v) in got.iter().enumerate() {
         assert!(v.as_deref() == Some(&value(i)[..]), "key {i}");
+    }
+}
+
+/// `Cluster::sync` (the node's `FSYNC`) makes acknowledged writes durable
+/// whatever the node's durability: under `--durability none` a node killed
+/// with SIGKILL right after the sync still has every write; with every node
+/// down, the sync fails rather than claim durability.
+#[test]
+fn sync_makes_writes_durable_under_no_durability() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let start = || {
+        Node::start_at(tmp.path(), &addr, &["--durability", "none"])
+            .unwrap_or_else(|(code, log)| panic!("node failed ({code:?}):\n{log}"))
+    };
+    let node = start();
+    let mut cfg = ClusterConfig::new([addr.clone()]);
+    cfg.timeout_ms = 3000;
+    cfg.retry_interval_ms = 100;
+    let c = Cluster::connect(cfg).expect("client");
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..200)
+        .map(|i| (key(i), format!("durable-{i}").into_bytes()))
+        .collect();
+    c.mset(&pairs).expect("mset");
+    c.sync().expect("sync");
+    drop(node); // SIGKILL
+    assert!(c.sync().is_err(), "a sync with every node down fails");
+    let _node = start();
+    let keys: Vec<Vec<u8>> = pairs.iter().map(|(k, _)| k.clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        match c.mget(&keys) {
+            Ok(got) => break got,
+            Err(e) => assert!(Instant::now() < deadline, "node not back: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for ((k, v), got) in pairs.iter().zip(got) {
+        assert_eq!(
+            got.as_deref(),
+            Some(&v[..]),
+            "{}",
+            String::from_utf8_lossy(k)
+        );
     }
 }

@@ -34,6 +34,8 @@ fn redis_cli_basic_commands() {
     assert_eq!(n.cli(&["select", "0"]), "OK");
     assert!(n.cli(&["select", "1"]).contains("DB index is out of range"));
     assert_eq!(n.cli(&["dbsize"]), "2");
+    assert_eq!(n.cli(&["fsync"]), "OK");
+    assert!(n.cli(&["fsync", "extra"]).contains("wrong number of arguments"));
     assert_eq!(n.cli(&["range", "a", "z"]), "c\n3\nhello\nthere");
     assert_eq!(n.cli(&["range", "d", ""]), "hello\nthere");
     assert_eq!(n.cli(&["range", "", "", "LIMIT", "1"]), "c\n3");

@@ -27,6 +27,7 @@ pub enum Cmd {
     Range,
     Vset,
     Vdel,
+    Fsync,
     Dbsize,
     Info,
 }
@@ -56,6 +57,7 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Range, "range", -3),
     (Cmd::Vset, "vset", -4),
     (Cmd::Vdel, "vdel", -3),
+    (Cmd::Fsync, "fsync", 1),
     (Cmd::Dbsize, "dbsize", 1),
     (Cmd::Info, "info", -1),
 ];
@@ -187,7 +189,7 @@ impl Cmd {
     pub fn writes(self) -> bool {
         matches!(
             self,
-            Cmd::Set | Cmd::Mset | Cmd::Del | Cmd::Vset | Cmd::Vdel
+            Cmd::Set | Cmd::Mset | Cmd::Del | Cmd::Vset | Cmd::Vdel | Cmd::Fsync
         )
     }
 
@@ -207,6 +209,7 @@ impl Cmd {
                 | Cmd::Range
                 | Cmd::Vset
                 | Cmd::Vdel
+                | Cmd::Fsync
                 | Cmd::Dbsize
                 | Cmd::Info
         )

@@ -55,6 +55,9 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
         Cmd::Range => range(state, args),
         Cmd::Vset => crate::vcmd::vwrite(state, args, false),
         Cmd::Vdel => crate::vcmd::vwrite(state, args, true),
+        // Every write this node acknowledged before, durable on its device
+        // whatever `--durability` says (the adapters' FLUSH and fsync).
+        Cmd::Fsync => state.db.sync().map(|()| Reply::ok()),
         Cmd::Dbsize => dbsize(state).map(|n| Reply::Integer(n as i64)),
         Cmd::Info => Ok(crate::info::info(state, args)),
         _ => Ok(errors::unknown_command(args)),

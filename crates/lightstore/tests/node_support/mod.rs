@@ -3,6 +3,8 @@
 //! it to be ready, talk to it with redis-cli or raw RESP, and always kill it.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

@@ -21,8 +21,9 @@ import redis.clients.jedis.exceptions.JedisDataException;
  * A LightStore cluster as the Rust cluster client sees it (crates/client):
  * the same ring, replicas on distinct nodes, versioned writes with VSET/VDEL
  * that succeed when the write quorum acknowledges (default: every replica
- * that is up, at least one), reads from the first healthy replica with
- * failover, and range reads merged across all nodes. One instance per YCSB
+ * that is up, at least one), reads from every replica that is up (or the
+ * read quorum) in parallel with the newest copy winning and stale replicas
+ * repaired, failover, and range reads merged across all nodes. One instance per YCSB
  * thread: its connections are not shared.
  */
 public final class ClusterClient implements AutoCloseable {
@@ -67,18 +68,21 @@ public final class ClusterClient implements AutoCloseable {
   private final Ring ring;
   private final int replicas;
   private final int writeQuorum;
+  private final int readQuorum;
   private final int timeoutMs;
   private final long retryMs;
   private final String password;
   private final Jedis[] conns;
   private final long[] downUntil;
+  private long readRepairs;
 
   /**
    * A client of these nodes ("host:port"); {@code replicas} 0 means the default
-   * (2 with at least 2 nodes), {@code writeQuorum} 0 means every replica that is up.
+   * (2 with at least 2 nodes), {@code writeQuorum} and {@code readQuorum} 0 mean
+   * every replica that is up.
    */
-  public ClusterClient(List<String> nodes, int replicas, int writeQuorum, int timeoutMs,
-      String password) {
+  public ClusterClient(List<String> nodes, int replicas, int writeQuorum, int readQuorum,
+      int timeoutMs, String password) {
     if (nodes.isEmpty()) {
       throw new IllegalArgumentException("the cluster has no nodes");
     }
@@ -87,6 +91,7 @@ public final class ClusterClient implements AutoCloseable {
     int r = replicas > 0 ? replicas : (nodes.size() >= 2 ? 2 : 1);
     this.replicas = Math.min(r, nodes.size());
     this.writeQuorum = writeQuorum;
+    this.readQuorum = readQuorum;
     this.timeoutMs = timeoutMs;
     this.retryMs = 500;
     this.password = password;
@@ -117,26 +122,41 @@ public final class ClusterClient implements AutoCloseable {
     return System.currentTimeMillis() >= downUntil[node];
   }
 
+  private Jedis conn(int node) {
+    if (conns[node] == null) {
+      String addr = nodes.get(node);
+      int colon = addr.lastIndexOf(':');
+      HostAndPort hp = new HostAndPort(addr.substring(0, colon),
+          Integer.parseInt(addr.substring(colon + 1)));
+      DefaultJedisClientConfig.Builder cfg = DefaultJedisClientConfig.builder()
+          .connectionTimeoutMillis(timeoutMs).socketTimeoutMillis(timeoutMs);
+      if (password != null) {
+        cfg.password(password);
+      }
+      conns[node] = new Jedis(hp, cfg.build());
+    }
+    return conns[node];
+  }
+
   private Object call(int node, Cmd cmd, byte[]... args) throws NodeDown {
     try {
-      if (conns[node] == null) {
-        String addr = nodes.get(node);
-        int colon = addr.lastIndexOf(':');
-        HostAndPort hp = new HostAndPort(addr.substring(0, colon),
-            Integer.parseInt(addr.substring(colon + 1)));
-        DefaultJedisClientConfig.Builder cfg = DefaultJedisClientConfig.builder()
-            .connectionTimeoutMillis(timeoutMs).socketTimeoutMillis(timeoutMs);
-        if (password != null) {
-          cfg.password(password);
-        }
-        conns[node] = new Jedis(hp, cfg.build());
-      }
-      Object reply = conns[node].sendCommand(cmd, args);
+      Object reply = conn(node).sendCommand(cmd, args);
       downUntil[node] = 0;
       return reply;
     } catch (JedisConnectionException e) {
       closeConn(node);
       downUntil[node] = System.currentTimeMillis() + retryMs;
+      throw new NodeDown(nodes.get(node), e);
+    }
+  }
+
+  /** Sends any command to node {@code node} (for tests). */
+  Object callNode(int node, String command, byte[]... args) throws NodeDown {
+    ProtocolCommand cmd = () -> command.getBytes(StandardCharsets.US_ASCII);
+    try {
+      return conn(node).sendCommand(cmd, args);
+    } catch (JedisConnectionException e) {
+      closeConn(node);
       throw new NodeDown(nodes.get(node), e);
     }
   }
@@ -234,37 +254,37 @@ public final class ClusterClient implements AutoCloseable {
   }
 
   /**
-   * Reads keys that share one placement with one MGET on the first healthy
-   * replica, failing over to the next. Missing and deleted keys read as null.
+   * Reads keys: one MGET per node, nodes in parallel, each key from every
+   * replica that is up (or the first {@code readQuorum}), failing over to the
+   * next. The newest copy wins; replicas found older are given it (read repair).
+   * Missing and deleted keys read as null.
    */
   public List<byte[]> mget(List<byte[]> keys) throws ClusterException {
     List<byte[]> out = new ArrayList<>(keys.size());
-    for (byte[] stored : mgetStored(keys)) {
+    for (byte[] stored : readStored(keys)) {
       out.add(stored == null ? null : Versioned.decode(stored).value);
     }
     return out;
   }
 
-  /** The replicas of a key, those up first (primary first). */
-  private Integer[] readOrder(byte[] key) {
-    Integer[] order = Arrays.stream(replicasOf(key)).boxed().toArray(Integer[]::new);
-    Arrays.sort(order, (a, b) -> Boolean.compare(!isUp(a), !isUp(b)));
-    return order;
+  /** Copies written back by read repair. */
+  public long readRepairs() {
+    return readRepairs;
   }
 
-  /** Like {@link #mget} but returns the stored bytes (tombstones included). */
-  private List<byte[]> mgetStored(List<byte[]> keys) throws ClusterException {
-    String last = "no replica";
-    for (int node : readOrder(keys.get(0))) {
-      try {
-        return mgetOn(node, keys);
-      } catch (NodeDown e) {
-        last = e.getMessage();
-      } catch (JedisDataException e) {
-        throw new ClusterException("node " + nodes.get(node) + ": " + e.getMessage());
-      }
+  /** The replicas of a key, those up first (primary first). */
+  private int[] readOrder(byte[] key) {
+    Integer[] order = Arrays.stream(replicasOf(key)).boxed().toArray(Integer[]::new);
+    Arrays.sort(order, (a, b) -> Boolean.compare(!isUp(a), !isUp(b)));
+    return Arrays.stream(order).mapToInt(Integer::intValue).toArray();
+  }
+
+  /** Replicas a read asks at first: the read quorum, or every replica that is up (at least 1). */
+  private int readWidth(int[] order) {
+    if (readQuorum > 0) {
+      return Math.min(readQuorum, order.length);
     }
-    throw new ClusterException("every replica failed: " + last);
+    return Math.max(1, (int) Arrays.stream(order).filter(this::isUp).count());
   }
 
   private List<byte[]> mgetOn(int node, List<byte[]> keys) throws NodeDown {
@@ -410,42 +430,130 @@ public final class ClusterClient implements AutoCloseable {
     return results;
   }
 
-  /** Stored bytes of each key from its first healthy replica: one MGET per node. */
+  /**
+   * The newest stored copy (tombstones included) of each key over its read
+   * replicas, as the Rust client's read.rs does it: one MGET per node, nodes
+   * in parallel, a failed node's keys asked of their next replica; then every
+   * replica that answered an older copy (or none, unless the newest is a
+   * deletion) is given the newest one.
+   */
   private List<byte[]> readStored(List<byte[]> keys) throws ClusterException {
-    java.util.Map<Integer, List<Integer>> groups = new java.util.TreeMap<>();
-    for (int i = 0; i < keys.size(); i++) {
-      groups.computeIfAbsent(readOrder(keys.get(i))[0], n -> new ArrayList<>()).add(i);
+    int n = keys.size();
+    int[][] orders = new int[n][];
+    int[] next = new int[n];
+    int[] wanted = new int[n];
+    List<List<Object[]>> answers = new ArrayList<>(n);
+    List<Integer> pending = new ArrayList<>(n);
+    for (int k = 0; k < n; k++) {
+      orders[k] = readOrder(keys.get(k));
+      wanted[k] = readWidth(orders[k]);
+      answers.add(new ArrayList<>(wanted[k]));
+      pending.add(k);
     }
-    List<java.util.Map.Entry<Integer, List<Integer>>> jobs = new ArrayList<>(groups.entrySet());
-    List<Object> results = parallel(jobs, job -> {
-      List<byte[]> ks = new ArrayList<>();
-      for (int i : job.getValue()) {
-        ks.add(keys.get(i));
-      }
-      try {
-        return mgetOn(job.getKey(), ks);
-      } catch (NodeDown | RuntimeException e) {
-        return e;
-      }
-    });
-    List<byte[]> out = new ArrayList<>(java.util.Collections.nCopies(keys.size(), (byte[]) null));
-    for (int j = 0; j < jobs.size(); j++) {
-      List<Integer> idx = jobs.get(j).getValue();
-      Object r = results.get(j);
-      if (r instanceof List<?> vals) {
-        for (int k = 0; k < idx.size(); k++) {
-          out.set(idx.get(k), (byte[]) vals.get(k));
+    String last = "no replica";
+    while (!pending.isEmpty()) {
+      java.util.Map<Integer, List<Integer>> groups = new java.util.TreeMap<>();
+      for (int k : pending) {
+        for (int asked = 0; answers.get(k).size() + asked < wanted[k] && next[k] < orders[k].length;
+            asked++) {
+          groups.computeIfAbsent(orders[k][next[k]++], x -> new ArrayList<>()).add(k);
         }
-      } else if (r instanceof NodeDown) {
-        // Fail over key by key.
-        for (int i : idx) {
-          out.set(i, mgetStored(List.of(keys.get(i))).get(0));
-        }
-      } else {
-        throw new ClusterException("MGET failed: " + r);
       }
+      if (groups.isEmpty()) {
+        break;
+      }
+      List<java.util.Map.Entry<Integer, List<Integer>>> jobs = new ArrayList<>(groups.entrySet());
+      List<Object> results = parallel(jobs, job -> {
+        List<byte[]> ks = new ArrayList<>();
+        for (int i : job.getValue()) {
+          ks.add(keys.get(i));
+        }
+        try {
+          return mgetOn(job.getKey(), ks);
+        } catch (NodeDown | RuntimeException e) {
+          return e;
+        }
+      });
+      pending.clear();
+      for (int j = 0; j < jobs.size(); j++) {
+        int node = jobs.get(j).getKey();
+        List<Integer> idx = jobs.get(j).getValue();
+        Object r = results.get(j);
+        if (r instanceof List<?> vals) {
+          for (int i = 0; i < idx.size(); i++) {
+            answers.get(idx.get(i)).add(new Object[] {node, vals.get(i)});
+          }
+        } else if (r instanceof NodeDown d) {
+          last = d.getMessage();
+          pending.addAll(idx);
+        } else {
+          throw new ClusterException("node " + nodes.get(node) + ": " + r);
+        }
+      }
+      pending = new ArrayList<>(new java.util.TreeSet<>(pending));
+    }
+    int needed = Math.max(1, readQuorum);
+    java.util.Map<Integer, List<byte[][]>> repairs = new java.util.TreeMap<>();
+    List<byte[]> out = new ArrayList<>(n);
+    for (int k = 0; k < n; k++) {
+      List<Object[]> got = answers.get(k);
+      if (got.size() < Math.min(needed, orders[k].length)) {
+        throw new ClusterException(got.size() + " of the " + orders[k].length
+            + " replicas of a key answered, the read needs " + needed + ": " + last);
+      }
+      byte[] best = null;
+      for (Object[] a : got) {
+        byte[] s = (byte[]) a[1];
+        if (s != null && (best == null || Versioned.compareStored(s, best) > 0)) {
+          best = s;
+        }
+      }
+      if (best != null) {
+        for (Object[] a : got) {
+          byte[] s = (byte[]) a[1];
+          boolean behind = s == null ? Versioned.decode(best).value != null
+              : Versioned.compareStored(s, best) < 0;
+          if (behind) {
+            repairs.computeIfAbsent((Integer) a[0], x -> new ArrayList<>())
+                .add(new byte[][] {keys.get(k), best});
+          }
+        }
+      }
+      out.add(best);
+    }
+    if (!repairs.isEmpty()) {
+      readRepair(repairs);
     }
     return out;
+  }
+
+  /** Writes the newest copies back to the replicas found stale, nodes in parallel; best effort. */
+  private void readRepair(java.util.Map<Integer, List<byte[][]>> repairs)
+      throws ClusterException {
+    List<java.util.Map.Entry<Integer, List<byte[][]>>> jobs = new ArrayList<>(repairs.entrySet());
+    List<Object> results = parallel(jobs, job -> {
+      List<byte[]> vset = new ArrayList<>();
+      List<byte[]> vdel = new ArrayList<>();
+      for (byte[][] copy : job.getValue()) {
+        Versioned v = Versioned.decode(copy[1]);
+        byte[] version = Long.toUnsignedString(v.version).getBytes(StandardCharsets.US_ASCII);
+        if (v.value == null) {
+          vdel.add(copy[0]);
+          vdel.add(version);
+        } else {
+          vset.add(copy[0]);
+          vset.add(version);
+          vset.add(v.value);
+        }
+      }
+      String failed = writeOne(job.getKey(), vset, vdel);
+      return failed == null ? (Object) job.getValue().size() : failed;
+    });
+    for (Object r : results) {
+      if (r instanceof Integer count) {
+        readRepairs += count;
+      }
+    }
   }
 
   /** The newest stored copy of a key among the nodes that listed it. */

@@ -31,7 +31,9 @@ import site.ycsb.Status;
  * <p>Properties: {@code lightstore.nodes} (host:port,... required; the same
  * list, in the same form, as the Rust clients use), {@code lightstore.replicas}
  * (default 2 with at least 2 nodes), {@code lightstore.writequorum} (default:
- * every replica that is up), {@code lightstore.timeoutms} (2000),
+ * every replica that is up), {@code lightstore.readquorum} (default: every
+ * replica that is up, newest copy wins; 1 reads one replica, faster but
+ * possibly stale), {@code lightstore.timeoutms} (2000),
  * {@code lightstore.password}; YCSB's {@code fieldcount} and
  * {@code fieldnameprefix} name the fields read by a read of all fields.
  */
@@ -56,6 +58,7 @@ public class LightStoreClient extends DB {
       cluster = new ClusterClient(list,
           Integer.parseInt(p.getProperty("lightstore.replicas", "0")),
           Integer.parseInt(p.getProperty("lightstore.writequorum", "0")),
+          Integer.parseInt(p.getProperty("lightstore.readquorum", "0")),
           Integer.parseInt(p.getProperty("lightstore.timeoutms", "2000")),
           password(p, System.getenv()));
     } catch (IllegalArgumentException e) {

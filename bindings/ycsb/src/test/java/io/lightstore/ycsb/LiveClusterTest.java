@@ -1,9 +1,11 @@
 package io.lightstore.ycsb;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
+import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -85,5 +87,37 @@ class LiveClusterTest {
     assertEquals(Set.of("field2"), fields);
     assertTrue(rows.get(4).get("field2").toString().startsWith("v49"));
     db.cleanup();
+  }
+
+  /**
+   * The consistent-read rule of the Rust client (crates/client/src/read.rs):
+   * one replica holds a newer copy than the primary (as after the primary
+   * missed a write while it was away); a one-replica read returns the stale
+   * copy, the default read returns the newest and repairs the primary.
+   */
+  @Test
+  void aReplicaThatMissedAWriteIsNeverReadAlone() throws Exception {
+    String nodes = System.getProperty("lightstore.nodes");
+    assumeTrue(nodes != null && !nodes.isBlank(), "no -Dlightstore.nodes");
+    List<String> list = List.of(nodes.split(","));
+    assumeTrue(list.size() >= 2, "needs two replicas");
+    byte[] key = ("{stale" + System.nanoTime() + "}k").getBytes(StandardCharsets.UTF_8);
+    byte[] older = "older".getBytes(StandardCharsets.UTF_8);
+    byte[] newer = "newer".getBytes(StandardCharsets.UTF_8);
+    try (ClusterClient consistent = new ClusterClient(list, 2, 0, 0, 2000, null);
+        ClusterClient oneReplica = new ClusterClient(list, 2, 0, 1, 2000, null)) {
+      consistent.write(List.of(key), List.of(older));
+      int[] replicas = consistent.replicasOf(key);
+      String version = Long.toUnsignedString(ClusterClient.nextVersion());
+      consistent.callNode(replicas[1], "VSET", key,
+          version.getBytes(StandardCharsets.US_ASCII), newer);
+
+      assertArrayEquals(older, oneReplica.mget(List.of(key)).get(0), "one replica: stale");
+      assertArrayEquals(newer, consistent.mget(List.of(key)).get(0), "newest copy wins");
+      assertEquals(1, consistent.readRepairs());
+      byte[] onPrimary = (byte[]) consistent.callNode(replicas[0], "GET", key);
+      assertArrayEquals(newer, Versioned.decode(onPrimary).value, "the primary was repaired");
+      assertArrayEquals(newer, oneReplica.mget(List.of(key)).get(0));
+    }
   }
 }

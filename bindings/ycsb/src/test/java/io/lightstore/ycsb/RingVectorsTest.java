@@ -72,7 +72,7 @@ class RingVectorsTest {
   @Test
   void fieldsOfARecordShareItsReplicasAndSortTogether() {
     ClusterClient c = new ClusterClient(List.of("127.0.0.1:7401", "127.0.0.1:7402",
-        "127.0.0.1:7403"), 0, 0, 1000, null);
+        "127.0.0.1:7403"), 0, 0, 0, 1000, null);
     byte[] f0 = LightStoreClient.fieldKey("usertable", "user0000000000000000000000000042", "field0");
     byte[] f9 = LightStoreClient.fieldKey("usertable", "user0000000000000000000000000042", "field9");
     byte[] next = LightStoreClient.fieldKey("usertable", "user0000000000000000000000000043", "field0");

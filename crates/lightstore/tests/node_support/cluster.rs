@@ -1,0 +1,58 @@
+//! A local cluster of real `lightstore node` processes on fixed ports (so a
+//! node keeps its address across restarts), each with its own directory,
+//! `--durability sync`; nodes are killed with SIGKILL when dropped.
+
+use std::path::PathBuf;
+
+use client::{Cluster, ClusterConfig};
+
+use super::{free_port, Node};
+
+/// Nodes `0..n`; `nodes[i]` is `None` while node `i` is down.
+pub struct TestCluster {
+    _tmp: tempfile::TempDir,
+    pub dirs: Vec<PathBuf>,
+    pub addrs: Vec<String>,
+    pub nodes: Vec<Option<Node>>,
+}
+
+impl TestCluster {
+    pub fn start(n: usize) -> TestCluster {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dirs: Vec<PathBuf> = (0..n)
+            .map(|i| tmp.path().join(format!("node{i}")))
+            .collect();
+        let addrs: Vec<String> = (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let mut c = TestCluster {
+            _tmp: tmp,
+            dirs,
+            addrs,
+            nodes: (0..n).map(|_| None).collect(),
+        };
+        for i in 0..n {
+            c.restart(i);
+        }
+        c
+    }
+
+    pub fn restart(&mut self, i: usize) {
+        std::fs::create_dir_all(&self.dirs[i]).expect("node dir");
+        let node = Node::start_at(&self.dirs[i], &self.addrs[i], &["--durability", "sync"])
+            .unwrap_or_else(|(code, log)| panic!("node {i} failed ({code:?}):\n{log}"));
+        self.nodes[i] = Some(node);
+    }
+
+    pub fn kill(&mut self, i: usize) {
+        // Node's drop is SIGKILL + wait.
+        self.nodes[i] = None;
+    }
+
+    pub fn client(&self) -> Cluster {
+        let mut cfg = ClusterConfig::new(self.addrs.clone());
+        cfg.timeout_ms = 3000;
+        cfg.retry_interval_ms = 100;
+        Cluster::connect(cfg).expect("client")
+    }
+}
