@@ -18,35 +18,11 @@ use crate::ring::Ring;
 
 /// Idle connections kept per node.
 const MAX_IDLE: usize = 64;
-/// Hinted writes kept per down node, at most (entries and bytes); past
-/// that the node is marked stale and only a repair makes it current again.
-const MAX_HINTS: usize = 1 << 20;
-const MAX_HINT_BYTES: usize = 64 << 20;
-/// Hints replayed per VSET/VDEL call.
-const HINT_BATCH: usize = 256;
-
-/// Writes a down replica missed, kept to replay when it answers again
-/// (hinted handoff), so a node that was briefly unreachable is current
-/// again before this client reads from it.
-#[derive(Default)]
-struct Hints {
-    /// (key, stored bytes: a versioned value or tombstone).
-    entries: Vec<(Bytes, Bytes)>,
-    bytes: usize,
-    /// Some hints were dropped (too many): the node needs a repair.
-    overflowed: bool,
-}
-
 /// One node of the cluster as this client sees it.
 pub(crate) struct NodeHandle {
     pub(crate) addr: String,
     pool: Mutex<Vec<Conn>>,
     up: AtomicBool,
-    /// Missed writes to replay before the node is used again.
-    hints: Mutex<Hints>,
-    /// The node may lack writes (hints overflowed): reads try it last until
-    /// a repair.
-    stale: AtomicBool,
 }
 
 pub(crate) struct Inner {
@@ -82,8 +58,6 @@ impl Cluster {
                 addr: addr.clone(),
                 pool: Mutex::new(Vec::new()),
                 up: AtomicBool::new(true),
-                hints: Mutex::new(Hints::default()),
-                stale: AtomicBool::new(false),
             })
             .collect();
         let inner = Arc::new(Inner {
@@ -173,15 +147,7 @@ impl Inner {
         };
         match f(&mut conn) {
             Ok(v) => {
-                // A node with missed writes is marked up only by the health
-                // thread, after it has replayed them.
-                let pending = {
-                    let h = node.hints.lock();
-                    !h.entries.is_empty() || h.overflowed
-                };
-                if !pending {
-                    self.mark_up(i);
-                }
+                self.mark_up(i);
                 let mut pool = node.pool.lock();
                 if pool.len() < MAX_IDLE {
                     pool.push(conn);
@@ -234,70 +200,8 @@ impl Inner {
             if self.is_up(i) {
                 continue;
             }
-            if self.with_conn(i, |c| c.call(&[&b"PING"[..]])).is_ok() && self.replay_hints(i) {
-                self.mark_up(i);
-            }
-        }
-    }
-
-    /// Records writes node `i` missed: `(key, stored bytes)`.
-    pub(crate) fn add_hints(&self, i: usize, missed: impl IntoIterator<Item = (Bytes, Bytes)>) {
-        let node = &self.nodes[i];
-        let mut h = node.hints.lock();
-        for (k, v) in missed {
-            if h.overflowed
-                || h.entries.len() >= MAX_HINTS
-                || h.bytes + k.len() + v.len() > MAX_HINT_BYTES
-            {
-                if !h.overflowed {
-                    tracing::warn!(node = %node.addr, "too many missed writes to keep; the node needs a repair");
-                }
-                h.overflowed = true;
-                h.entries.clear();
-                h.bytes = 0;
-                break;
-            }
-            h.bytes += k.len() + v.len();
-            h.entries.push((k, v));
-        }
-    }
-
-    /// Replays node `i`'s hints; true when none are left. A node whose
-    /// hints overflowed is marked stale (read last until a repair).
-    fn replay_hints(&self, i: usize) -> bool {
-        let node = &self.nodes[i];
-        let (entries, overflowed) = {
-            let mut h = node.hints.lock();
-            let taken = std::mem::take(&mut h.entries);
-            h.bytes = 0;
-            (taken, std::mem::take(&mut h.overflowed))
-        };
-        if overflowed {
-            node.stale.store(true, Ordering::Release);
-        }
-        for (n, chunk) in entries.chunks(HINT_BATCH).enumerate() {
-            if let Err(e) = self.with_conn(i, |c| send_stored(c, chunk)) {
-                tracing::warn!(node = %node.addr, error = %e, "replaying missed writes failed");
-                let rest = entries[n * HINT_BATCH..].to_vec();
-                self.add_hints(i, rest);
-                return false;
-            }
-        }
-        if !entries.is_empty() {
-            tracing::info!(node = %node.addr, writes = entries.len(), "replayed missed writes");
-        }
-        true
-    }
-
-    /// Whether reads should try node `i` only after its other replicas.
-    pub(crate) fn is_stale(&self, i: usize) -> bool {
-        self.nodes[i].stale.load(Ordering::Acquire)
-    }
-
-    /// Clears every node's stale mark (after a complete repair).
-    pub(crate) fn clear_stale(&self) {
-        for n in &self.nodes {
-            n.stale.store(false, Ordering::Release);
+            // A node that answers is marked up by `with_conn`.
+            let _ = self.with_conn(i, |c| c.call(&[&b"PING"[..]]));
         }
     }
 
@@ -323,11 +227,10 @@ impl Inner {
     }
 
     /// The replicas of a key in the order reads should try them: those up
-    /// and current first (primary first), then stale ones, then those marked
-    /// down as a last resort.
+    /// first (primary first), then those marked down as a last resort.
     pub(crate) fn read_order(&self, key: &[u8]) -> Vec<usize> {
         let mut r = self.ring.replicas(key, self.replicas);
-        r.sort_by_key(|&i| (!self.is_up(i), self.is_stale(i)));
+        r.sort_by_key(|&i| !self.is_up(i));
         r
     }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use protocol::versioned::{encode_tombstone, encode_value, Versioned};
+use protocol::versioned::Versioned;
 
 use crate::cluster::{Cluster, Inner};
 use crate::error::{ClientError, Result};
@@ -87,6 +87,10 @@ impl Cluster {
 /// One write's progress on one key.
 struct KeyWrite {
     acked: usize,
+    /// Replicas that took the write.
+    acked_by: Vec<usize>,
+    /// Replicas that did not: skipped as down, failed or refused.
+    missed_by: Vec<usize>,
     refused: Option<ClientError>,
     last: Option<ClientError>,
 }
@@ -120,14 +124,6 @@ impl Inner {
                 per_node.entry(t).or_default().push(e);
             }
         }
-        let stored = |e: usize| -> (Bytes, Bytes) {
-            let (key, value) = entries[e];
-            let bytes = match value {
-                Some(v) => encode_value(version, v),
-                None => encode_tombstone(version),
-            };
-            (Bytes::copy_from_slice(key), bytes)
-        };
         let jobs: Vec<(usize, Vec<usize>)> = per_node.into_iter().collect();
         let groups: Vec<Vec<usize>> = jobs.iter().map(|(_, idx)| idx.clone()).collect();
         let results = self.fan_out(jobs, |node, idx| {
@@ -162,28 +158,40 @@ impl Inner {
         let mut state: Vec<KeyWrite> = (0..entries.len())
             .map(|_| KeyWrite {
                 acked: 0,
+                acked_by: Vec::new(),
+                missed_by: Vec::new(),
                 refused: None,
                 last: None,
             })
             .collect();
         for (node, idx) in &skipped {
-            self.add_hints(*node, idx.iter().map(|&e| stored(e)));
+            for &e in idx {
+                state[e].missed_by.push(*node);
+            }
         }
         for ((node, r), idx) in results.into_iter().zip(groups) {
-            if matches!(&r, Err(err) if err.is_node_failure()) {
-                // The node failed mid-write: it may or may not have the
-                // write; replaying it is harmless (versions only move forward).
-                self.add_hints(node, idx.iter().map(|&e| stored(e)));
-            }
             for e in idx {
                 let s = &mut state[e];
                 match &r {
-                    Ok(()) => s.acked += 1,
-                    Err(err) if err.is_node_failure() => s.last = Some(clone_error(err)),
-                    Err(err) => s.refused = Some(clone_error(err)),
+                    Ok(()) => {
+                        s.acked += 1;
+                        s.acked_by.push(node);
+                    }
+                    Err(err) => {
+                        // A node that failed mid-write may or may not have
+                        // it; handing it off again is harmless (versions
+                        // only move forward).
+                        s.missed_by.push(node);
+                        if err.is_node_failure() {
+                            s.last = Some(clone_error(err));
+                        } else {
+                            s.refused = Some(clone_error(err));
+                        }
+                    }
                 }
             }
         }
+        self.record_hints(&entries, &version_text, &state);
         for (s, replicas) in state.into_iter().zip(replica_counts) {
             let needed = self.config.write_quorum.map_or(1, |q| q.min(replicas));
             // With the default quorum every replica that is up must take the
@@ -204,6 +212,47 @@ impl Inner {
             });
         }
         Ok(())
+    }
+
+    /// Tells every replica that took a write which replicas missed it
+    /// (`HINT missed key version ...`, see the node's `hints.rs`), so the
+    /// replicas that have it hand it off when the missed node answers
+    /// again, whether or not this client is still alive. Best effort: a
+    /// hint that cannot be recorded is logged, and consistent reads (read
+    /// repair) and `repair` still bring the missed node up to date.
+    fn record_hints(&self, entries: &[(&[u8], Option<&[u8]>)], version: &str, state: &[KeyWrite]) {
+        // holder -> missed node -> HINT arguments.
+        let mut hints: BTreeMap<usize, BTreeMap<usize, Vec<&[u8]>>> = BTreeMap::new();
+        for (e, s) in state.iter().enumerate() {
+            for &holder in &s.acked_by {
+                for &missed in &s.missed_by {
+                    let args = hints
+                        .entry(holder)
+                        .or_default()
+                        .entry(missed)
+                        .or_insert_with(|| vec![b"HINT", self.nodes[missed].addr.as_bytes()]);
+                    args.extend([entries[e].0, version.as_bytes()]);
+                }
+            }
+        }
+        if hints.is_empty() {
+            return;
+        }
+        let jobs: Vec<(usize, Vec<Vec<&[u8]>>)> = hints
+            .into_iter()
+            .map(|(holder, per_missed)| (holder, per_missed.into_values().collect()))
+            .collect();
+        let results = self.fan_out(jobs, |holder, reqs| {
+            self.with_conn(holder, |c| {
+                let replies = c.pipeline(&reqs)?;
+                replies.into_iter().try_for_each(|r| c.check(r).map(drop))
+            })
+        });
+        for (holder, r) in results {
+            if let Err(e) = r {
+                tracing::warn!(node = %self.nodes[holder].addr, error = %e, "could not record hints of missed writes");
+            }
+        }
     }
 }
 

@@ -95,9 +95,6 @@ impl Inner {
                 report.unreachable.push(addr);
             }
         }
-        if report.unreachable.is_empty() {
-            self.clear_stale();
-        }
         Ok(report)
     }
 

@@ -33,6 +33,10 @@ pub struct NodeStatus {
     pub segments_total: u64,
     /// DRAM the engine uses for index, cache, filters and memtable.
     pub dram_bytes: u64,
+    /// Writes this node holds for other nodes that missed them (hinted
+    /// handoff), per missed node's address: under-replicated until
+    /// delivered.
+    pub hints: Vec<(String, u64)>,
 }
 
 /// `key:value` lines of an INFO reply.
@@ -58,6 +62,7 @@ impl Cluster {
                 let replies = c.pipeline(&[
                     vec![&b"INFO"[..], b"keyspace"],
                     vec![&b"INFO"[..], b"engine"],
+                    vec![&b"INFO"[..], b"handoff"],
                 ])?;
                 replies
                     .into_iter()
@@ -124,5 +129,14 @@ fn parse_status(addr: String, f: &HashMap<String, String>) -> NodeStatus {
         .iter()
         .map(|k| num(k))
         .sum(),
+        hints: f
+            .get("hints_targets")
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|kv| kv.rsplit_once('='))
+                    .filter_map(|(t, n)| Some((t.to_string(), n.trim().parse().ok()?)))
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }

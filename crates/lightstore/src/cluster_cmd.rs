@@ -158,6 +158,18 @@ fn print_status(cluster: &Cluster) {
             s.dram_bytes
         );
     }
+    // Writes some replica missed, waiting on the replicas that took them.
+    let mut waiting: std::collections::BTreeMap<&str, u64> = Default::default();
+    for s in &status {
+        for (target, n) in &s.hints {
+            *waiting.entry(target).or_default() += n;
+        }
+    }
+    for (target, n) in &waiting {
+        println!(
+            "under-replicated: {target} missed writes; {n} hints wait to hand them off when it answers"
+        );
+    }
     let up = status.iter().filter(|s| s.up).count();
     println!(
         "{up} of {} nodes up, {} replicas per key",

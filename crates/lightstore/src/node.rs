@@ -38,6 +38,10 @@ pub struct NodeArgs {
     /// clients that do not connect over loopback. Say no only on a trusted network.
     #[arg(long, value_name = "yes|no", value_parser = parse_yes_no)]
     protected_mode: Option<bool>,
+    /// Hand writes other nodes missed to them when they answer again, yes (the
+    /// default) or no (hints are kept until it is yes; tests and maintenance).
+    #[arg(long, value_name = "yes|no", value_parser = parse_yes_no)]
+    hinted_handoff: Option<bool>,
     /// Device file size for a new store, e.g. 8G (sparse).
     #[arg(long, value_parser = parse_size)]
     capacity: Option<u64>,
@@ -127,6 +131,9 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = args.protected_mode {
         c.protected_mode = v;
+    }
+    if let Some(v) = args.hinted_handoff {
+        c.hinted_handoff = v;
     }
     if let Some(v) = args.capacity {
         c.capacity = server::config::Size(v);

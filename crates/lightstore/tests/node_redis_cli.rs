@@ -35,7 +35,9 @@ fn redis_cli_basic_commands() {
     assert!(n.cli(&["select", "1"]).contains("DB index is out of range"));
     assert_eq!(n.cli(&["dbsize"]), "2");
     assert_eq!(n.cli(&["fsync"]), "OK");
-    assert!(n.cli(&["fsync", "extra"]).contains("wrong number of arguments"));
+    assert!(n
+        .cli(&["fsync", "extra"])
+        .contains("wrong number of arguments"));
     assert_eq!(n.cli(&["range", "a", "z"]), "c\n3\nhello\nthere");
     assert_eq!(n.cli(&["range", "d", ""]), "hello\nthere");
     assert_eq!(n.cli(&["range", "", "", "LIMIT", "1"]), "c\n3");
@@ -484,4 +486,76 @@ fn pipelined_versioned_writes_answer_as_if_one_by_one() {
     assert_eq!(replies[0], Resp::Int(1));
     assert!(matches!(&replies[1], Resp::Error(e) if e.contains("version")));
     assert_eq!(replies[2], Resp::Int(1));
+}
+
+/// `HINT` records writes another node missed in the node's reserved key
+/// range: they show in INFO, never in SCAN, RANGE or DBSIZE, and no client
+/// write may touch that range. User keys on both sides of it still list.
+#[test]
+fn hints_stay_out_of_the_user_key_space() {
+    let n = Node::start(&["--hinted-handoff", "no"]);
+    let mut c = BufReader::new(n.connect());
+    let reserved: &[u8] = b"\xff\xff\xff\xfflightstore/hint/x";
+    let after: &[u8] = b"\xff\xff\xff\xfflightstore0";
+    assert_eq!(
+        call(&mut c, &[b"SET", b"a", b"1"]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(
+        call(&mut c, &[b"SET", after, b"2"]),
+        Resp::Simple("OK".into())
+    );
+    for req in [
+        &[&b"SET"[..], reserved, b"v"][..],
+        &[b"MSET", b"b", b"1", reserved, b"v"],
+        &[b"DEL", b"a", reserved],
+        &[b"VSET", reserved, b"5", b"v"],
+        &[b"VDEL", b"b", b"5", reserved, b"6"],
+    ] {
+        match call(&mut c, req) {
+            Resp::Error(e) => assert!(e.contains("reserved"), "{e}"),
+            other => panic!("{req:?}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        call(&mut c, &[b"HINT", b"127.0.0.1:1", b"a", b"7", b"b", b"8"]),
+        Resp::Int(2)
+    );
+    assert_eq!(
+        call(&mut c, &[b"HINT", b"127.0.0.1:1", b"a", b"6"]),
+        Resp::Int(0),
+        "a hint only moves to a newer version"
+    );
+    assert!(matches!(
+        call(&mut c, &[b"HINT", b"", b"a", b"1"]),
+        Resp::Error(_)
+    ));
+    assert!(matches!(
+        call(&mut c, &[b"HINT", b"h:1", b"a", b"x"]),
+        Resp::Error(_)
+    ));
+    assert!(matches!(
+        call(&mut c, &[b"HINT", b"h:1", b"a"]),
+        Resp::Error(_)
+    ));
+    let bulk = |b: &[u8]| Resp::Bulk(b.to_vec());
+    assert_eq!(call(&mut c, &[b"DBSIZE"]), Resp::Int(2));
+    assert_eq!(
+        call(&mut c, &[b"RANGE", b"", b"", b"KEYSONLY"]),
+        Resp::Array(vec![bulk(b"a"), bulk(after)])
+    );
+    assert_eq!(
+        call(&mut c, &[b"RANGE", b"", b"", b"LIMIT", b"1"]),
+        Resp::Array(vec![bulk(b"a"), bulk(b"1")])
+    );
+    let Resp::Array(scan) = call(&mut c, &[b"SCAN", b"0", b"COUNT", b"100"]) else {
+        panic!("scan reply");
+    };
+    assert_eq!(scan[1], Resp::Array(vec![bulk(b"a"), bulk(after)]));
+    let Resp::Bulk(info) = call(&mut c, &[b"INFO", b"handoff"]) else {
+        panic!("info reply");
+    };
+    let info = String::from_utf8_lossy(&info).to_string();
+    assert!(info.contains("hints_pending:2"), "{info}");
+    assert!(info.contains("hints_targets:127.0.0.1:1=2"), "{info}");
 }

@@ -28,6 +28,7 @@ pub enum Cmd {
     Vset,
     Vdel,
     Fsync,
+    Hint,
     Dbsize,
     Info,
 }
@@ -58,6 +59,7 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Vset, "vset", -4),
     (Cmd::Vdel, "vdel", -3),
     (Cmd::Fsync, "fsync", 1),
+    (Cmd::Hint, "hint", -4),
     (Cmd::Dbsize, "dbsize", 1),
     (Cmd::Info, "info", -1),
 ];
@@ -189,7 +191,7 @@ impl Cmd {
     pub fn writes(self) -> bool {
         matches!(
             self,
-            Cmd::Set | Cmd::Mset | Cmd::Del | Cmd::Vset | Cmd::Vdel | Cmd::Fsync
+            Cmd::Set | Cmd::Mset | Cmd::Del | Cmd::Vset | Cmd::Vdel | Cmd::Fsync | Cmd::Hint
         )
     }
 
@@ -210,6 +212,7 @@ impl Cmd {
                 | Cmd::Vset
                 | Cmd::Vdel
                 | Cmd::Fsync
+                | Cmd::Hint
                 | Cmd::Dbsize
                 | Cmd::Info
         )
@@ -271,6 +274,13 @@ pub mod errors {
     /// `-ERR wrong number of arguments for 'get' command`.
     pub fn wrong_args(name: &str) -> Reply {
         Reply::err(format!("wrong number of arguments for '{name}' command"))
+    }
+
+    /// A write naming a key of the node's reserved range (`reserved.rs`).
+    pub fn reserved_key() -> Reply {
+        Reply::err(
+            "keys starting with \\xff\\xff\\xff\\xfflightstore/ are reserved for the node's own records",
+        )
     }
 
     /// `-ERR syntax error`.

@@ -80,6 +80,10 @@ pub struct Config {
     /// refused with `-DENIED …`. Unix-socket and loopback clients are
     /// always served. Turn it off only on a trusted network.
     pub protected_mode: bool,
+    /// Hand off writes other nodes missed (on by default): the node keeps
+    /// the hints clients send it and delivers them (`hints.rs`,
+    /// `handoff.rs`). Off, hints are still kept but wait until it is on.
+    pub hinted_handoff: bool,
     /// Most simultaneous client connections.
     pub maxclients: usize,
     /// Longest bulk string (default: the engine's value limit + 1 KiB, at most 512 MiB).
@@ -160,6 +164,7 @@ impl Default for Config {
             cache_size: None,
             requirepass: None,
             protected_mode: true,
+            hinted_handoff: true,
             maxclients: 10_000,
             max_bulk: None,
             max_args: 1 << 20,

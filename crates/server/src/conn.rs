@@ -23,6 +23,7 @@ use crate::readbuf::{
     exact_copy, make_small_room, read_charge, shrink_read_buffer, take_request_memory, Taken,
     MAX_READ_ROOM, MIN_ROOM, READ_CHUNK,
 };
+use crate::reserved::reserved_key_in_write;
 use crate::session::{noauth, run_local, Outcome, Session};
 use crate::state::{Counters, NodeState};
 
@@ -318,6 +319,9 @@ async fn run_batch<S: AsyncWrite + Unpin>(
             None if is_refused(name) => errors::refused(name),
             None => errors::unknown_command(&args),
             Some((_, cname, arity)) if !arity_ok(arity, args.len()) => errors::wrong_args(cname),
+            Some((cmd, _, _)) if reserved_key_in_write(cmd, &args).is_some() => {
+                errors::reserved_key()
+            }
             Some((cmd, _, _)) if cmd.uses_engine() => {
                 slots.push(Slot::Engine(session.resp));
                 jobs.push((cmd, args));

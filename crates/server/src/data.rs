@@ -11,6 +11,7 @@ use protocol::Reply;
 use crate::cmd::errors::{self, int};
 use crate::cmd::Cmd;
 use crate::glob::Glob;
+use crate::reserved::{read_visible, visible_parts};
 use crate::state::NodeState;
 
 /// Default and largest COUNT of one SCAN call (keys only: no value is read).
@@ -58,6 +59,7 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
         // Every write this node acknowledged before, durable on its device
         // whatever `--durability` says (the adapters' FLUSH and fsync).
         Cmd::Fsync => state.db.sync().map(|()| Reply::ok()),
+        Cmd::Hint => crate::hints::hint(state, args),
         Cmd::Dbsize => dbsize(state).map(|n| Reply::Integer(n as i64)),
         Cmd::Info => Ok(crate::info::info(state, args)),
         _ => Ok(errors::unknown_command(args)),
@@ -465,7 +467,7 @@ fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         }
     };
     let count = count.min(SCAN_MAX_COUNT);
-    let keys = state.db.scan_keys(&start, b"", count)?;
+    let keys = read_visible(&start, b"", count, |s, e, n| state.db.scan_keys(s, e, n))?;
     let next = match keys.last() {
         Some(last) if keys.len() == count => {
             let mut k = last.to_vec();
@@ -510,19 +512,19 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             "reply too large: this range holds more than max-reply ({max} bytes); use a smaller LIMIT"
         ))
     };
+    // Each visible part is bounded by max-reply on its own; a range spans
+    // two parts only when it reaches past the reserved keys.
     if keys_only {
-        return match state
-            .db
-            .scan_keys_bounded(&args[1], &args[2], limit, state.max_reply())
-        {
+        return match read_visible(&args[1], &args[2], limit, |s, e, n| {
+            state.db.scan_keys_bounded(s, e, n, state.max_reply())
+        }) {
             Err(engine::Error::TooLarge { max }) => Ok(too_large(max)),
             other => Ok(Reply::Array(other?.into_iter().map(Reply::Bulk).collect())),
         };
     }
-    let pairs = match state
-        .db
-        .scan_bounded(&args[1], &args[2], limit, state.max_reply())
-    {
+    let pairs = match read_visible(&args[1], &args[2], limit, |s, e, n| {
+        state.db.scan_bounded(s, e, n, state.max_reply())
+    }) {
         Err(engine::Error::TooLarge { max }) => return Ok(too_large(max)),
         other => other?,
     };
@@ -538,16 +540,17 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
 /// has no key count, so this scans the key space in small chunks.
 pub fn dbsize(state: &NodeState) -> engine::Result<usize> {
     let mut n = 0;
-    let mut start = Vec::new();
-    while n < DBSIZE_CAP {
-        let chunk = state.db.scan(&start, b"", DBSIZE_CHUNK)?;
-        n += chunk.len();
-        match chunk.last() {
-            Some((k, _)) if chunk.len() == DBSIZE_CHUNK => {
-                start = k.to_vec();
-                start.push(0);
+    for (mut start, end) in visible_parts(b"", b"") {
+        while n < DBSIZE_CAP {
+            let chunk = state.db.scan_keys(&start, &end, DBSIZE_CHUNK)?;
+            n += chunk.len();
+            match chunk.last() {
+                Some(k) if chunk.len() == DBSIZE_CHUNK => {
+                    start = k.to_vec();
+                    start.push(0);
+                }
+                _ => break,
             }
-            _ => break,
         }
     }
     Ok(n.min(DBSIZE_CAP))

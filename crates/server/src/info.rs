@@ -1,6 +1,7 @@
 //! INFO: server, clients, stats, commandstats (calls, time and log2-bucket
 //! percentiles in microseconds per command), latency_breakdown (protocol,
-//! queue and engine time), engine and keyspace sections as
+//! queue and engine time), engine, handoff (hints kept for other nodes,
+//! see `hints.rs`) and keyspace sections as
 //! `name:value` lines (verbatim text in RESP3).
 
 use std::fmt::Write;
@@ -19,6 +20,7 @@ const SECTIONS: &[&str] = &[
     "commandstats",
     "latency_breakdown",
     "engine",
+    "handoff",
     "keyspace",
 ];
 
@@ -166,6 +168,22 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             if let Some(why) = &s.device_failed {
                 // One line: INFO fields end at the line's end.
                 line("io_error_reason", &why.replace(['\r', '\n'], " "));
+            }
+        }
+        "handoff" => {
+            let h = &state.hints;
+            line("hints_pending", &h.total_pending());
+            line("hints_delivered", &h.delivered.load(Ordering::Relaxed));
+            let targets: Vec<String> = h
+                .pending
+                .lock()
+                .iter()
+                .map(|(t, n)| format!("{t}={n}"))
+                .collect();
+            line("hints_targets", &targets.join(","));
+            let errors = h.last_error.lock();
+            if let Some((t, why)) = errors.iter().next() {
+                line("hints_last_error", &format!("{t}: {why}"));
             }
         }
         "keyspace" => match crate::data::dbsize(state) {

@@ -178,6 +178,7 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         crate::netread::NetReads::start()
     };
     let state = Arc::new(state);
+    let handoff = crate::handoff::start(state.clone()).map_err(ServerError::Runtime)?;
     let unix_note = config
         .unix_socket
         .as_ref()
@@ -194,6 +195,11 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         runtime.spawn(crate::metrics_http::serve(l, state.clone()));
     }
     runtime.block_on(serve(state.clone(), exec.clone(), tcp, unix, addr));
+    state.request_shutdown();
+    state.hints.wake();
+    if handoff.join().is_err() {
+        tracing::warn!("the hinted handoff thread panicked");
+    }
     runtime.shutdown_timeout(Duration::from_secs(1));
     exec.shutdown();
     if let Some(path) = &config.unix_socket {

@@ -229,6 +229,10 @@ fn settings(state: &NodeState) -> Vec<(&'static str, String)> {
             "protected-mode",
             if c.protected_mode { "yes" } else { "no" }.into(),
         ),
+        (
+            "hinted-handoff",
+            if c.hinted_handoff { "yes" } else { "no" }.into(),
+        ),
         ("proto-max-bulk-len", state.limits.max_bulk.to_string()),
         ("max-request", state.limits.max_request.to_string()),
         (

@@ -87,6 +87,8 @@ pub struct NodeState {
     /// Whether plain SETs may be written on the network thread: not under
     /// `sync` durability, where every write waits for a device sync.
     pub sets_may_run_inline: bool,
+    /// Hints kept for other nodes and their delivery (`hints.rs`).
+    pub hints: crate::hints::HintState,
     /// The network thread's read queue for GETs, where io_uring works.
     pub net_reads: Option<std::sync::Arc<crate::netread::NetReads>>,
 }
@@ -115,6 +117,7 @@ impl NodeState {
             started: Instant::now(),
             shutdown: tokio::sync::watch::channel(false).0,
             tcp_port,
+            hints: crate::hints::HintState::default(),
             net_reads: None,
         }
     }

@@ -14,10 +14,17 @@ pub struct TestCluster {
     pub dirs: Vec<PathBuf>,
     pub addrs: Vec<String>,
     pub nodes: Vec<Option<Node>>,
+    /// Flags every node gets besides `--durability sync`.
+    extra: Vec<String>,
 }
 
 impl TestCluster {
     pub fn start(n: usize) -> TestCluster {
+        TestCluster::start_with(n, &[])
+    }
+
+    /// Nodes started with these extra flags too.
+    pub fn start_with(n: usize, extra: &[&str]) -> TestCluster {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dirs: Vec<PathBuf> = (0..n)
             .map(|i| tmp.path().join(format!("node{i}")))
@@ -30,6 +37,7 @@ impl TestCluster {
             dirs,
             addrs,
             nodes: (0..n).map(|_| None).collect(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         for i in 0..n {
             c.restart(i);
@@ -39,7 +47,9 @@ impl TestCluster {
 
     pub fn restart(&mut self, i: usize) {
         std::fs::create_dir_all(&self.dirs[i]).expect("node dir");
-        let node = Node::start_at(&self.dirs[i], &self.addrs[i], &["--durability", "sync"])
+        let mut flags = vec!["--durability", "sync"];
+        flags.extend(self.extra.iter().map(String::as_str));
+        let node = Node::start_at(&self.dirs[i], &self.addrs[i], &flags)
             .unwrap_or_else(|(code, log)| panic!("node {i} failed ({code:?}):\n{log}"));
         self.nodes[i] = Some(node);
     }

@@ -1,0 +1,178 @@
+//! Hinted handoff, the records: `HINT target key version [key version ...]`
+//! tells this node that `target` (another node, named by the address
+//! clients use for it) missed the write of `key` at `version`, which this
+//! node took. The cluster client sends it to the replicas that acknowledged
+//! a write some replica missed, before it acknowledges the write itself.
+//!
+//! A hint is a key of the reserved range (`reserved.rs`):
+//! `RESERVED "hint/" target 0x00 key`, holding the missed version as eight
+//! big-endian bytes. It is written like data (same engine, same durability)
+//! and only ever moves to a newer version, so it survives a crash of this
+//! node as the write it describes does. `handoff.rs` delivers this node's
+//! current copy of each hinted key to its target and then deletes the hint,
+//! unless a newer one arrived meanwhile. Replies with the number of hints
+//! recorded or raised.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use engine::BatchOp;
+use parking_lot::{Condvar, Mutex};
+use protocol::Reply;
+
+use crate::cmd::errors;
+use crate::reserved::RESERVED;
+use crate::state::NodeState;
+
+/// Longest target name (a `host:port` as clients write it).
+const MAX_TARGET: usize = 255;
+
+/// The first key of the hints of every target.
+pub fn hints_start() -> Vec<u8> {
+    [RESERVED, b"hint/"].concat()
+}
+
+/// The first key after every hint.
+pub fn hints_end() -> Vec<u8> {
+    [RESERVED, b"hint0"].concat()
+}
+
+/// The hint key of `key` for `target`.
+pub fn hint_key(target: &[u8], key: &[u8]) -> Vec<u8> {
+    [&hints_start()[..], target, b"\0", key].concat()
+}
+
+/// The first key after every hint for `target`.
+pub fn after_target(target: &[u8]) -> Vec<u8> {
+    [&hints_start()[..], target, b"\x01"].concat()
+}
+
+/// `(target, key)` of a hint key.
+pub fn parse_hint_key(hint: &[u8]) -> Option<(&[u8], &[u8])> {
+    let rest = hint.strip_prefix(&hints_start()[..])?;
+    let nul = rest.iter().position(|&b| b == 0)?;
+    Some((&rest[..nul], &rest[nul + 1..]))
+}
+
+/// The version a hint holds (0 for a malformed one, which any delivery
+/// then clears).
+pub fn hint_version(value: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes)
+}
+
+/// What INFO reports of hinted handoff, and the handoff thread's wake-up.
+#[derive(Default)]
+pub struct HintState {
+    /// Hints kept per target. Counted from the store when the handoff
+    /// thread starts, then kept up to date as hints come and go.
+    pub pending: Mutex<BTreeMap<String, u64>>,
+    /// Hints delivered since start.
+    pub delivered: AtomicU64,
+    /// The last delivery failure, per target (cleared by a success).
+    pub last_error: Mutex<BTreeMap<String, String>>,
+    wake: Mutex<bool>,
+    woken: Condvar,
+}
+
+impl HintState {
+    /// Adds `n` (possibly negative) to `target`'s pending count.
+    pub fn add_pending(&self, target: &str, n: i64) {
+        let mut p = self.pending.lock();
+        let c = p.entry(target.to_string()).or_default();
+        *c = c.saturating_add_signed(n);
+        if *c == 0 {
+            p.remove(target);
+        }
+    }
+
+    /// Hints kept, over all targets.
+    pub fn total_pending(&self) -> u64 {
+        self.pending.lock().values().sum()
+    }
+
+    /// Wakes the handoff thread (new hints, or shutdown).
+    pub fn wake(&self) {
+        *self.wake.lock() = true;
+        self.woken.notify_all();
+    }
+
+    /// Waits until woken or `timeout` passes.
+    pub fn wait(&self, timeout: Duration) {
+        let mut woken = self.wake.lock();
+        if !*woken {
+            self.woken.wait_for(&mut woken, timeout);
+        }
+        *woken = false;
+    }
+
+    /// Records a delivery's outcome.
+    pub fn delivered(&self, target: &str, n: u64) {
+        self.delivered.fetch_add(n, Ordering::Relaxed);
+        self.last_error.lock().remove(target);
+    }
+}
+
+/// `HINT target key version [key version ...]`.
+pub fn hint(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let target = &args[1];
+    let rest = &args[2..];
+    if rest.is_empty() || !rest.len().is_multiple_of(2) {
+        return Ok(errors::wrong_args("hint"));
+    }
+    if target.is_empty() || target.len() > MAX_TARGET || target.contains(&0) {
+        return Ok(Reply::err(
+            "HINT target must be a node address (host:port), without NUL bytes",
+        ));
+    }
+    let Ok(target_name) = std::str::from_utf8(target) else {
+        return Ok(Reply::err("HINT target must be UTF-8 (host:port)"));
+    };
+    let mut ops = Vec::with_capacity(rest.len() / 2);
+    let mut versions = Vec::with_capacity(rest.len() / 2);
+    for pair in rest.chunks_exact(2) {
+        let Some(version) = std::str::from_utf8(&pair[1])
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        else {
+            return Ok(Reply::err("version is not an unsigned 64-bit integer"));
+        };
+        let value = Bytes::copy_from_slice(&version.to_be_bytes());
+        ops.push(BatchOp::Put(Bytes::from(hint_key(target, &pair[0])), value));
+        versions.push(version);
+    }
+    let mut new = vec![false; ops.len()];
+    let written = state.db.write_batch_if(&ops, |i, current| {
+        new[i] = current.is_none();
+        current.is_none_or(|c| hint_version(c) < versions[i])
+    })?;
+    let added = written.iter().zip(&new).filter(|(w, n)| **w && **n).count();
+    if added > 0 {
+        state.hints.add_pending(target_name, added as i64);
+    }
+    state.hints.wake();
+    Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hint_keys_name_their_target_and_key() {
+        let k = hint_key(b"10.0.0.2:7401", b"user\x00:1");
+        assert!(crate::reserved::is_reserved(&k));
+        assert_eq!(
+            parse_hint_key(&k),
+            Some((&b"10.0.0.2:7401"[..], &b"user\x00:1"[..]))
+        );
+        assert!(k.as_slice() >= hints_start().as_slice() && k < hints_end());
+        assert!(k < after_target(b"10.0.0.2:7401"));
+        // A target that extends another's name sorts after all its hints.
+        assert!(after_target(b"h:80") <= hint_key(b"h:8080", b""));
+        assert_eq!(parse_hint_key(b"other"), None);
+        assert_eq!(hint_version(&7u64.to_be_bytes()), 7);
+        assert_eq!(hint_version(b"bad"), 0);
+    }
+}
