@@ -54,3 +54,8 @@ cargo test --workspace --locked
 cargo build --release --locked -p lightstore
 RECORDS=10000 OPS=2000 THREADS=8 CHECK=1 DIR="$PWD/target/ycsb-data" \
   OUT="$PWD/target/ycsb-out" BASE_PORT=17601 bench/ycsb
+# The fault run: workload A through the binding while node 1 is killed with
+# SIGKILL and restarted twice, then a read-back of every record and a wait
+# until hinted handoff has caught every node up.
+RECORDS=5000 THREADS=8 CHECK=1 FAULTS=1 FAULT_SECONDS=15 DIR="$PWD/target/ycsb-data" \
+  OUT="$PWD/target/ycsb-faults-out" BASE_PORT=17651 bench/ycsb

@@ -37,6 +37,8 @@ pub struct NodeStatus {
     /// handoff), per missed node's address: under-replicated until
     /// delivered.
     pub hints: Vec<(String, u64)>,
+    /// Missed writes this node has handed off since it started.
+    pub hints_delivered: u64,
 }
 
 /// `key:value` lines of an INFO reply.
@@ -129,6 +131,7 @@ fn parse_status(addr: String, f: &HashMap<String, String>) -> NodeStatus {
         .iter()
         .map(|k| num(k))
         .sum(),
+        hints_delivered: num("hints_delivered"),
         hints: f
             .get("hints_targets")
             .map(|v| {

@@ -165,6 +165,10 @@ fn print_status(cluster: &Cluster) {
             *waiting.entry(target).or_default() += n;
         }
     }
+    let delivered: u64 = status.iter().map(|s| s.hints_delivered).sum();
+    if delivered > 0 {
+        println!("hinted handoff: {delivered} missed writes handed off since the nodes started");
+    }
     for (target, n) in &waiting {
         println!(
             "under-replicated: {target} missed writes; {n} hints wait to hand them off when it answers"

@@ -46,7 +46,7 @@ public final class ClusterClient implements AutoCloseable {
   }
 
   private enum Cmd implements ProtocolCommand {
-    VSET, VDEL, MGET, RANGE, PING;
+    VSET, VDEL, MGET, RANGE, PING, HINT;
 
     private final byte[] raw = name().getBytes(StandardCharsets.US_ASCII);
 
@@ -220,19 +220,59 @@ public final class ClusterClient implements AutoCloseable {
     int acked = 0;
     String refused = null;
     String last = null;
-    for (String o : outcomes) {
-      if (o == null) {
-        acked++;
-      } else if (o.startsWith("refused: ")) {
-        refused = o;
-      } else {
-        last = o;
+    List<Integer> ackedBy = new ArrayList<>();
+    List<Integer> missedBy = new ArrayList<>();
+    for (int node : all) {
+      if (Arrays.stream(targets).noneMatch(t -> t == node)) {
+        missedBy.add(node);
       }
     }
+    for (int t = 0; t < outcomes.size(); t++) {
+      String o = outcomes.get(t);
+      if (o == null) {
+        acked++;
+        ackedBy.add(targets[t]);
+      } else {
+        missedBy.add(targets[t]);
+        if (o.startsWith("refused: ")) {
+          refused = o;
+        } else {
+          last = o;
+        }
+      }
+    }
+    recordHints(keys, version, ackedBy, missedBy);
     int needed = writeQuorum > 0 ? Math.min(writeQuorum, all.length) : 1;
     if (acked < needed || (writeQuorum == 0 && refused != null)) {
       throw new ClusterException("write reached " + acked + " replicas, needs " + needed + ": "
           + (refused != null ? refused : last));
+    }
+  }
+
+  /**
+   * Tells the replicas that took a write which replicas missed it ({@code HINT
+   * missed key version ...}), as the Rust client's kv.rs does, so they hand it
+   * off when the missed node answers again. Best effort.
+   */
+  private void recordHints(List<byte[]> keys, byte[] version, List<Integer> ackedBy,
+      List<Integer> missedBy) {
+    if (ackedBy.isEmpty() || missedBy.isEmpty()) {
+      return;
+    }
+    for (int holder : ackedBy) {
+      for (int missed : missedBy) {
+        List<byte[]> args = new ArrayList<>();
+        args.add(nodes.get(missed).getBytes(StandardCharsets.US_ASCII));
+        for (byte[] k : keys) {
+          args.add(k);
+          args.add(version);
+        }
+        try {
+          call(holder, Cmd.HINT, args.toArray(new byte[0][]));
+        } catch (NodeDown | JedisDataException e) {
+          // Consistent reads and repair still catch the missed node up.
+        }
+      }
     }
   }
 
