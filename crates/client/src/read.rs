@@ -10,37 +10,56 @@
 //! replica that took the writes answers beside it and wins. With
 //! `read_quorum = 1` a read asks the first healthy replica only, which is
 //! cheaper and may be stale (`docs/consistency.md`).
+//!
+//! Digest reads keep this cheap: only the first replica in read order sends
+//! the copy (`MGET`); the others send what they hold of it (`VMETA`:
+//! version, checksum, length), which a node answers from its index without
+//! reading the value. A replica whose digest is newer than the copy, or
+//! differs at the same version, is then asked for its copy (a second round
+//! trip, only then).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use protocol::versioned::{cmp_stored, Versioned};
+use protocol::versioned::{cmp_stored, version_of, Versioned};
 use protocol::Reply;
 
 use crate::cluster::{send_stored, Cluster, Inner};
 use crate::error::{ClientError, Result};
 
+/// What one replica answered for a key.
+#[derive(Clone, Debug, PartialEq)]
+enum Answer {
+    /// Its copy (`None`: it has none).
+    Copy(Option<Bytes>),
+    /// Its copy's version and CRC32C (`None`: it has none).
+    Digest(Option<(u64, u32)>),
+}
+
 /// One key's read: the replicas to try, in order, and what they answered.
 struct KeyRead {
-    /// Replicas in read order (up and current first).
+    /// Replicas in read order (up first).
     order: Vec<usize>,
     /// Next index into `order` to ask.
     next: usize,
     /// Answers wanted: the replicas asked in the first round.
     wanted: usize,
-    /// `(node, stored copy)` of every replica that answered.
-    answers: Vec<(usize, Option<Bytes>)>,
+    /// Whether some replica has sent its copy (else the next one asked
+    /// must send it).
+    has_copy: bool,
+    answers: Vec<(usize, Answer)>,
 }
 
-impl KeyRead {
-    /// The newest copy among the answers.
-    fn newest(&self) -> Option<&Bytes> {
-        self.answers
-            .iter()
-            .filter_map(|(_, v)| v.as_ref())
-            .max_by(|a, b| cmp_stored(a, b))
-    }
+/// Per node asked: the node, what it was asked, and its answers as
+/// `(key index, answer)`.
+type NodeAnswers = Vec<(usize, NodeAsk, Result<Vec<(usize, Answer)>>)>;
+
+/// Keys to ask one node for: copies and digests.
+#[derive(Default)]
+struct NodeAsk {
+    copies: Vec<usize>,
+    digests: Vec<usize>,
 }
 
 impl Cluster {
@@ -59,77 +78,86 @@ impl Cluster {
                     order,
                     next: 0,
                     wanted,
+                    has_copy: false,
                     answers: Vec::with_capacity(wanted),
                 }
             })
             .collect();
+        // Ask until each key has its wanted answers, one of them a copy, or
+        // has run out of replicas.
         let mut pending: Vec<usize> = (0..keys.len()).collect();
         while !pending.is_empty() {
-            let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            let mut asks: BTreeMap<usize, NodeAsk> = BTreeMap::new();
             for &k in &pending {
                 let r = &mut reads[k];
                 let mut asked = 0;
-                while r.answers.len() + asked < r.wanted {
+                let mut copy_asked = r.has_copy;
+                while r.answers.len() + asked < r.wanted || !copy_asked {
                     let Some(&node) = r.order.get(r.next) else {
                         break;
                     };
                     r.next += 1;
                     asked += 1;
-                    groups.entry(node).or_default().push(k);
+                    let ask = asks.entry(node).or_default();
+                    if copy_asked {
+                        ask.digests.push(k);
+                    } else {
+                        ask.copies.push(k);
+                        copy_asked = true;
+                    }
                 }
             }
-            if groups.is_empty() {
+            if asks.is_empty() {
                 break;
             }
-            let jobs: Vec<(usize, Vec<usize>)> = groups.into_iter().collect();
-            let sent: Vec<Vec<usize>> = jobs.iter().map(|(_, idx)| idx.clone()).collect();
-            let results = inner.fan_out(jobs, |node, idx| {
-                let wanted: Vec<&[u8]> = idx.iter().map(|&k| keys[k]).collect();
-                self.mget_split(node, &wanted)
-            });
             pending.clear();
-            for ((node, r), idx) in results.into_iter().zip(sent) {
-                match r {
-                    Ok(Reply::Array(vals)) if vals.len() == idx.len() => {
-                        for (k, v) in idx.into_iter().zip(vals) {
-                            let copy = match v {
-                                Reply::Bulk(b) => Some(b),
-                                _ => None,
-                            };
-                            reads[k].answers.push((node, copy));
+            for (node, ask, result) in self.ask_all(keys, asks) {
+                match result {
+                    Ok(answers) => {
+                        for (k, a) in answers {
+                            let r = &mut reads[k];
+                            r.has_copy |= matches!(a, Answer::Copy(_));
+                            r.answers.push((node, a));
                         }
                     }
-                    Ok(other) => {
-                        return Err(ClientError::UnexpectedReply {
-                            node: inner.nodes[node].addr.clone(),
-                            command: "MGET".into(),
-                            reply: format!("{other:?}").chars().take(120).collect(),
-                        })
-                    }
                     // Ask this node's keys of their next replica.
-                    Err(e) if e.is_node_failure() => pending.extend(idx),
+                    Err(e) if e.is_node_failure() => {
+                        pending.extend(ask.copies);
+                        pending.extend(ask.digests);
+                    }
                     Err(e) => return Err(e),
                 }
             }
+            pending.retain(|&k| reads[k].next < reads[k].order.len());
             pending.sort_unstable();
             pending.dedup();
         }
         let needed = inner.config.read_quorum.unwrap_or(1);
+        let check = |reads: &[KeyRead]| {
+            for (k, r) in reads.iter().enumerate() {
+                if r.answers.is_empty() || r.answers.len() < needed.min(r.order.len()) {
+                    return Err(ClientError::Unavailable(format!(
+                        "{} of the {} replicas of key {:?} answered; the read needs {needed}",
+                        r.answers.len(),
+                        r.order.len(),
+                        String::from_utf8_lossy(keys[k])
+                    )));
+                }
+            }
+            Ok(())
+        };
+        check(&reads)?;
+        // Also where the replica asked for the copy failed and only digests
+        // came back: every digest of something is then "newer".
+        self.fetch_newer_copies(keys, &mut reads)?;
+        check(&reads)?;
         let mut repairs: BTreeMap<usize, Vec<(Bytes, Bytes)>> = BTreeMap::new();
         let mut out = Vec::with_capacity(keys.len());
         for (k, r) in reads.iter().enumerate() {
-            if r.answers.len() < needed.min(r.order.len()) {
-                return Err(ClientError::Unavailable(format!(
-                    "{} of the {} replicas of key {:?} answered; the read needs {needed}",
-                    r.answers.len(),
-                    r.order.len(),
-                    String::from_utf8_lossy(keys[k])
-                )));
-            }
-            let newest = r.newest().cloned();
+            let newest = newest_copy(&r.answers);
             if let Some(best) = &newest {
-                for (node, copy) in &r.answers {
-                    if needs_repair(copy.as_ref(), best) {
+                for (node, a) in &r.answers {
+                    if is_behind(a, best) {
                         repairs
                             .entry(*node)
                             .or_default()
@@ -143,6 +171,195 @@ impl Cluster {
             inner.read_repair(repairs);
         }
         Ok(out)
+    }
+
+    /// Sends every node its asks (one pipelined `MGET` + `VMETA`), nodes in
+    /// parallel; per node, its answers as `(key index, answer)`.
+    fn ask_all(&self, keys: &[&[u8]], asks: BTreeMap<usize, NodeAsk>) -> NodeAnswers {
+        let jobs: Vec<(usize, NodeAsk)> = asks.into_iter().collect();
+        let shapes: Vec<NodeAsk> = jobs
+            .iter()
+            .map(|(_, a)| NodeAsk {
+                copies: a.copies.clone(),
+                digests: a.digests.clone(),
+            })
+            .collect();
+        let results = self.inner.fan_out(jobs, |node, ask| {
+            let copies: Vec<&[u8]> = ask.copies.iter().map(|&k| keys[k]).collect();
+            let digests: Vec<&[u8]> = ask.digests.iter().map(|&k| keys[k]).collect();
+            let (copies, digests) = self.ask_node(node, &copies, &digests)?;
+            Ok(ask
+                .copies
+                .iter()
+                .copied()
+                .zip(copies.into_iter().map(Answer::Copy))
+                .chain(
+                    ask.digests
+                        .iter()
+                        .copied()
+                        .zip(digests.into_iter().map(Answer::Digest)),
+                )
+                .collect())
+        });
+        results
+            .into_iter()
+            .zip(shapes)
+            .map(|((node, r), ask)| (node, ask, r))
+            .collect()
+    }
+
+    /// One node's copies of `copies` and digests of `digests`.
+    #[allow(clippy::type_complexity)]
+    fn ask_node(
+        &self,
+        node: usize,
+        copies: &[&[u8]],
+        digests: &[&[u8]],
+    ) -> Result<(Vec<Option<Bytes>>, Vec<Option<(u64, u32)>>)> {
+        if digests.is_empty() {
+            return Ok((self.mget_node(node, copies)?, Vec::new()));
+        }
+        let mut vmeta: Vec<&[u8]> = Vec::with_capacity(digests.len() + 1);
+        vmeta.push(b"VMETA");
+        vmeta.extend_from_slice(digests);
+        if copies.is_empty() {
+            let reply = self.inner.with_conn(node, |c| c.call(&vmeta))?;
+            return Ok((Vec::new(), self.parse_digests(node, reply, digests.len())?));
+        }
+        let mut mget: Vec<&[u8]> = Vec::with_capacity(copies.len() + 1);
+        mget.push(b"MGET");
+        mget.extend_from_slice(copies);
+        let replies = self.inner.with_conn(node, |c| {
+            let replies = c.pipeline(&[mget.clone(), vmeta.clone()])?;
+            replies
+                .into_iter()
+                .map(|r| c.check(r))
+                .collect::<Result<Vec<_>>>()
+        });
+        match replies {
+            Ok(mut replies) if replies.len() == 2 => {
+                let digests =
+                    self.parse_digests(node, replies.pop().unwrap_or(Reply::Null), digests.len())?;
+                let copies =
+                    self.parse_copies(node, replies.pop().unwrap_or(Reply::Null), copies.len())?;
+                Ok((copies, digests))
+            }
+            Ok(_) => Err(self.unexpected(node, "MGET", &Reply::Null)),
+            // Too large for one reply: the copies alone, in halves, then
+            // the digests.
+            Err(ClientError::Server { message, .. })
+                if message.starts_with("ERR reply too large") =>
+            {
+                let copies = self.mget_node(node, copies)?;
+                let reply = self.inner.with_conn(node, |c| c.call(&vmeta))?;
+                Ok((copies, self.parse_digests(node, reply, digests.len())?))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One node's copies of `keys` (`MGET`, split in halves when the node
+    /// refuses the reply as too large).
+    fn mget_node(&self, node: usize, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        let reply = self.mget_split(node, keys)?;
+        self.parse_copies(node, reply, keys.len())
+    }
+
+    fn parse_copies(&self, node: usize, reply: Reply, n: usize) -> Result<Vec<Option<Bytes>>> {
+        match reply {
+            Reply::Array(vals) if vals.len() == n => Ok(vals
+                .into_iter()
+                .map(|v| match v {
+                    Reply::Bulk(b) => Some(b),
+                    _ => None,
+                })
+                .collect()),
+            other => Err(self.unexpected(node, "MGET", &other)),
+        }
+    }
+
+    fn parse_digests(
+        &self,
+        node: usize,
+        reply: Reply,
+        n: usize,
+    ) -> Result<Vec<Option<(u64, u32)>>> {
+        let Reply::Array(items) = &reply else {
+            return Err(self.unexpected(node, "VMETA", &reply));
+        };
+        if items.len() != n {
+            return Err(self.unexpected(node, "VMETA", &reply));
+        }
+        items
+            .iter()
+            .map(|item| match item {
+                Reply::Null => Ok(None),
+                Reply::Array(f) => match f.as_slice() {
+                    [Reply::Bulk(v), Reply::Integer(crc), Reply::Integer(_)] => {
+                        let version = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
+                        match (version, u32::try_from(*crc)) {
+                            (Some(version), Ok(crc)) => Ok(Some((version, crc))),
+                            _ => Err(self.unexpected(node, "VMETA", &reply)),
+                        }
+                    }
+                    _ => Err(self.unexpected(node, "VMETA", &reply)),
+                },
+                _ => Err(self.unexpected(node, "VMETA", &reply)),
+            })
+            .collect()
+    }
+
+    fn unexpected(&self, node: usize, command: &str, reply: &Reply) -> ClientError {
+        ClientError::UnexpectedReply {
+            node: self.inner.nodes[node].addr.clone(),
+            command: command.into(),
+            reply: format!("{reply:?}").chars().take(120).collect(),
+        }
+    }
+
+    /// Asks for the copies of replicas whose digest is newer than the newest
+    /// copy seen, or differs from it at the same version; a replica that
+    /// fails now is left out of the answers.
+    fn fetch_newer_copies(&self, keys: &[&[u8]], reads: &mut [KeyRead]) -> Result<()> {
+        let mut asks: BTreeMap<usize, NodeAsk> = BTreeMap::new();
+        for (k, r) in reads.iter().enumerate() {
+            let best = newest_copy(&r.answers);
+            for (node, a) in &r.answers {
+                if let Answer::Digest(Some((version, crc))) = a {
+                    let newer = match &best {
+                        None => true,
+                        Some(b) => {
+                            let bv = version_of(b);
+                            *version > bv || (*version == bv && *crc != crc32c::crc32c(b))
+                        }
+                    };
+                    if newer {
+                        asks.entry(*node).or_default().copies.push(k);
+                    }
+                }
+            }
+        }
+        if asks.is_empty() {
+            return Ok(());
+        }
+        for (node, ask, result) in self.ask_all(keys, asks) {
+            match result {
+                Ok(answers) => {
+                    for (k, a) in answers {
+                        if let Some(slot) = reads[k].answers.iter_mut().find(|(n, _)| *n == node) {
+                            slot.1 = a;
+                        }
+                    }
+                }
+                Err(e) if e.is_node_failure() => {
+                    for k in ask.copies {
+                        reads[k].answers.retain(|(n, _)| *n != node);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// One node's MGET of `keys`. A node refuses an MGET whose values
@@ -175,13 +392,29 @@ impl Cluster {
     }
 }
 
-/// Whether a replica answering `copy` should be given `best`. A replica
+/// The newest copy among the answers that sent one.
+fn newest_copy(answers: &[(usize, Answer)]) -> Option<Bytes> {
+    answers
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Answer::Copy(Some(c)) => Some(c),
+            _ => None,
+        })
+        .max_by(|a, b| cmp_stored(a, b))
+        .cloned()
+}
+
+/// Whether a replica that answered `a` should be given `best`. A replica
 /// without the key needs a deletion's tombstone only to keep it from
 /// coming back through an older copy, which it does not have: skipped.
-fn needs_repair(copy: Option<&Bytes>, best: &Bytes) -> bool {
-    match copy {
-        Some(c) => cmp_stored(c, best).is_lt(),
-        None => Versioned::decode(best.clone()).value.is_some(),
+fn is_behind(a: &Answer, best: &Bytes) -> bool {
+    let lacks = || Versioned::decode(best.clone()).value.is_some();
+    match a {
+        Answer::Copy(Some(c)) => cmp_stored(c, best).is_lt(),
+        Answer::Copy(None) | Answer::Digest(None) => lacks(),
+        // A digest newer than `best`, or equal in version but not in
+        // bytes, was replaced by the replica's copy.
+        Answer::Digest(Some((version, _))) => *version < version_of(best),
     }
 }
 
@@ -227,12 +460,32 @@ mod tests {
     fn a_replica_is_repaired_only_when_behind() {
         let new = encode_value(20, b"new");
         let old = encode_value(10, b"old");
-        assert!(needs_repair(Some(&old), &new));
-        assert!(needs_repair(None, &new));
-        assert!(!needs_repair(Some(&new), &new));
-        assert!(!needs_repair(Some(&new), &old));
+        let copy = |c: &Bytes| Answer::Copy(Some(c.clone()));
+        assert!(is_behind(&copy(&old), &new));
+        assert!(is_behind(&Answer::Copy(None), &new));
+        assert!(!is_behind(&copy(&new), &new));
+        assert!(!is_behind(&copy(&new), &old));
         let gone = encode_tombstone(30);
-        assert!(needs_repair(Some(&new), &gone), "an older value is removed");
-        assert!(!needs_repair(None, &gone), "no copy, nothing to remove");
+        assert!(is_behind(&copy(&new), &gone), "an older value is removed");
+        assert!(
+            !is_behind(&Answer::Copy(None), &gone),
+            "no copy, nothing to remove"
+        );
+        assert!(is_behind(&Answer::Digest(Some((10, 0))), &new));
+        assert!(!is_behind(&Answer::Digest(Some((20, 0))), &new));
+        assert!(is_behind(&Answer::Digest(None), &new));
+        assert!(!is_behind(&Answer::Digest(None), &gone));
+    }
+
+    #[test]
+    fn the_newest_copy_wins_whoever_sent_it() {
+        let answers = vec![
+            (0, Answer::Copy(Some(encode_value(10, b"a")))),
+            (1, Answer::Copy(Some(encode_value(12, b"b")))),
+            (2, Answer::Digest(Some((99, 1)))),
+            (3, Answer::Copy(None)),
+        ];
+        assert_eq!(newest_copy(&answers), Some(encode_value(12, b"b")));
+        assert_eq!(newest_copy(&answers[2..]), None);
     }
 }

@@ -4,8 +4,10 @@
 //!
 //! Keys hash onto a fixed table of stripe locks ([`KeyLocks`]). A
 //! conditional batch locks its keys' stripes in ascending order (so two
-//! batches never wait on each other in a cycle), reads the keys' current
-//! values, keeps the operations the predicate accepts and appends them as
+//! batches never wait on each other in a cycle), looks the keys up (their
+//! values' tags and sizes, from the index: see `tag.rs`; a value itself is
+//! read only when the predicate asks for it), keeps the operations the
+//! predicate accepts and appends them as
 //! one atomic batch; it releases the stripes once the records are appended
 //! (and visible) and only then waits for durability. Batches on other keys
 //! run at the same time and share device syncs (group commit); a batch on
@@ -25,11 +27,11 @@
 //!   until the values it compared against are on the device (another
 //!   batch may have appended them and still be waiting for its sync).
 
-use bytes::Bytes;
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::db::{batch_records, BatchOp, Db, Wait};
 use crate::error::{Error, Result};
+use crate::tag::Current;
 
 /// Stripe locks of the key space. More stripes, fewer false conflicts
 /// between unrelated keys; each is one byte.
@@ -71,34 +73,41 @@ impl Db {
     /// batch, deciding each from its key's current value, atomically per
     /// key with respect to other conditional batches (see the module doc
     /// for the exact contract). `keep(i, current)` is called once per
-    /// operation, in order, with the value its key holds at that point
-    /// (`None`: absent or deleted). Returns which operations were written.
+    /// operation, in order, with what its key holds at that point (absent
+    /// when deleted); it may decide from the tag alone or read the value.
+    /// Returns which operations were written.
     ///
     /// On error nothing was written, unless the error came from waiting
     /// for durability (as for [`Db::write_batch`]).
     pub fn write_batch_if(
         &self,
         ops: &[BatchOp],
-        mut keep: impl FnMut(usize, Option<&Bytes>) -> bool,
+        mut keep: impl FnMut(usize, &mut Current<'_>) -> Result<bool>,
     ) -> Result<Vec<bool>> {
         let guards = self.key_locks.lock(ops.iter().map(key_of));
         let mut distinct: Vec<&[u8]> = ops.iter().map(key_of).collect();
         distinct.sort_unstable();
         distinct.dedup();
-        let stored = self.multi_get(&distinct)?;
-        // The value each key holds as the batch is applied in order.
-        let mut current: std::collections::HashMap<&[u8], Option<Bytes>> =
-            distinct.into_iter().zip(stored).collect();
+        let metas = self.multi_get_meta(&distinct)?;
+        // What each key holds as the batch is applied in order.
+        let mut current: std::collections::HashMap<&[u8], Current<'_>> = distinct
+            .into_iter()
+            .zip(metas)
+            .map(|(k, m)| (k, Current::stored(self, k, m)))
+            .collect();
         let mut kept = Vec::with_capacity(ops.len());
         let mut written = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
-            let slot = current.entry(key_of(op)).or_default();
-            let accept = keep(i, slot.as_ref());
+            let key = key_of(op);
+            let slot = current
+                .entry(key)
+                .or_insert_with(|| Current::stored(self, key, None));
+            let accept = keep(i, slot)?;
             if accept {
-                *slot = match op {
+                slot.set(match op {
                     BatchOp::Put(_, v) => Some(v.clone()),
                     BatchOp::Delete(_) => None,
-                };
+                });
                 kept.push(op.clone());
             }
             written.push(accept);

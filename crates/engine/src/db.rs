@@ -524,10 +524,15 @@ impl DbInner {
                 } else {
                     Kind::Delete
                 };
+                let tag = if kind == Kind::Put {
+                    crate::tag::tag_of(ops[i].2)
+                } else {
+                    None
+                };
                 self.sv
                     .read()
                     .mem
-                    .insert(Bytes::copy_from_slice(ops[i].1), seq, kind, ptr);
+                    .insert(Bytes::copy_from_slice(ops[i].1), seq, kind, ptr, tag);
                 if i + 1 == n {
                     self.visible_seq.fetch_max(seq, Ordering::AcqRel);
                 }
@@ -588,10 +593,13 @@ impl DbInner {
             seq: Some(seq),
         };
         self.vlog.append(&[rec], reserve, |_, seq, ptr| {
-            self.sv
-                .read()
-                .mem
-                .insert(Bytes::copy_from_slice(key), seq, Kind::Put, ptr);
+            self.sv.read().mem.insert(
+                Bytes::copy_from_slice(key),
+                seq,
+                Kind::Put,
+                ptr,
+                crate::tag::tag_of(value),
+            );
         })?;
         self.write_behind()
     }
@@ -768,7 +776,12 @@ impl DbInner {
     }
 
     /// [`Self::lookup`] in the given structures.
-    fn lookup_in(&self, sv: &SuperVersion, key: &[u8], seq: SeqNo) -> Result<Option<Entry>> {
+    pub(crate) fn lookup_in(
+        &self,
+        sv: &SuperVersion,
+        key: &[u8],
+        seq: SeqNo,
+    ) -> Result<Option<Entry>> {
         if let Some(e) = sv.mem.get(key, seq) {
             return Ok(Some(e));
         }

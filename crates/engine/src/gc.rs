@@ -255,7 +255,7 @@ mod tests {
         // What an append does before it publishes the batch's sequence.
         let sv = inner.sv.read().clone();
         sv.mem
-            .insert(Bytes::from_static(b"k"), e.seq + 1, Kind::Put, e.ptr);
+            .insert(Bytes::from_static(b"k"), e.seq + 1, Kind::Put, e.ptr, e.tag);
         assert!(live(inner), "hidden only by an invisible version");
         inner
             .visible_seq

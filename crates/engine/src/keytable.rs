@@ -8,7 +8,9 @@
 //! with the keytable id, so bytes from another keytable never pass.
 //!
 //! Block layout: `crc u32 | count u32 | data_len u32 | entries | offsets u32 * count`,
-//! entry: `key_len u16 | key | seq u64 | kind u8 | ptr (16 B)`.
+//! entry: `key_len u16 | key | seq u64 | kind u8 | ptr (20 B) [| tag (9 B)]`.
+//! Kind codes: 1 put, 2 delete, 3 put followed by its value's tag
+//! (`tag.rs`); keytables written before tags hold only 1 and 2.
 
 use std::sync::Arc;
 
@@ -16,10 +18,21 @@ use bytes::Bytes;
 
 use crate::bloom::Bloom;
 use crate::error::{Error, Result};
+use crate::tag::{Tag, TAG_LEN};
 use crate::types::{entry_order, Entry, Kind, SeqNo, ValuePtr, PTR_LEN};
 
 const BLOCK_HEADER: usize = 12;
 const ENTRY_FIXED: usize = 2 + 8 + 1 + PTR_LEN;
+/// Kind code of a put whose entry carries its value's tag.
+const CODE_PUT_TAGGED: u8 = 3;
+
+/// `(kind, tag follows)` of an on-device kind code.
+fn decode_kind(code: u8) -> Option<(Kind, bool)> {
+    match code {
+        CODE_PUT_TAGGED => Some((Kind::Put, true)),
+        c => Kind::from_code(c).map(|k| (k, false)),
+    }
+}
 
 fn id_crc(id: u64, body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&id.to_le_bytes()), body)
@@ -77,8 +90,11 @@ impl Block {
             if off + ENTRY_FIXED + klen > block.offsets_at {
                 return Err(corrupt("entry overruns block"));
             }
-            if Kind::from_code(block.data[off + 2 + klen + 8]).is_none() {
+            let Some((_, tagged)) = decode_kind(block.data[off + 2 + klen + 8]) else {
                 return Err(corrupt("bad entry kind"));
+            };
+            if tagged && off + ENTRY_FIXED + klen + TAG_LEN > block.offsets_at {
+                return Err(corrupt("entry tag overruns block"));
             }
         }
         Ok(block)
@@ -123,11 +139,16 @@ impl Block {
         let off = self.offset(i);
         let klen = u16::from_le_bytes([self.data[off], self.data[off + 1]]) as usize;
         let p = off + 2 + klen;
+        let (kind, tagged) = decode_kind(self.data[p + 8]).unwrap_or((Kind::Delete, false));
+        let tag_at = p + 9 + PTR_LEN;
         Entry {
             key: Bytes::copy_from_slice(&self.data[off + 2..p]),
             seq: self.seq(i),
-            kind: Kind::from_code(self.data[p + 8]).unwrap_or(Kind::Delete),
-            ptr: ValuePtr::decode(&self.data[p + 9..p + 9 + PTR_LEN]).unwrap_or_default(),
+            kind,
+            ptr: ValuePtr::decode(&self.data[p + 9..tag_at]).unwrap_or_default(),
+            tag: tagged
+                .then(|| Tag::try_from(&self.data[tag_at..tag_at + TAG_LEN]).ok())
+                .flatten(),
         }
     }
 
@@ -330,7 +351,8 @@ impl KeytableBuilder {
 
     /// Adds an entry; entries must arrive in [`entry_order`].
     pub fn add(&mut self, e: &Entry) {
-        let elen = ENTRY_FIXED + e.key.len();
+        let tag = e.tag.filter(|_| e.kind == Kind::Put);
+        let elen = ENTRY_FIXED + e.key.len() + if tag.is_some() { TAG_LEN } else { 0 };
         let used = BLOCK_HEADER + self.cur.len() + 4 * (self.cur_offsets.len() + 1) + elen;
         if !self.cur_offsets.is_empty() && used > self.page_size {
             self.finish_block();
@@ -344,9 +366,15 @@ impl KeytableBuilder {
             .extend_from_slice(&(e.key.len() as u16).to_le_bytes());
         self.cur.extend_from_slice(&e.key);
         self.cur.extend_from_slice(&e.seq.to_le_bytes());
-        self.cur.push(e.kind.code());
-        let mut p = Vec::with_capacity(PTR_LEN);
+        self.cur.push(match tag {
+            Some(_) => CODE_PUT_TAGGED,
+            None => e.kind.code(),
+        });
+        let mut p = Vec::with_capacity(PTR_LEN + TAG_LEN);
         e.ptr.encode_to(&mut p);
+        if let Some(tag) = tag {
+            p.extend_from_slice(&tag);
+        }
         self.cur.extend_from_slice(&p);
         if self.last_hashed.as_deref() != Some(&e.key[..]) {
             self.hashes.push(Bloom::hash(&e.key));
@@ -437,6 +465,10 @@ mod tests {
                 len: 9,
                 value_crc: seq as u32 ^ 0xdead_beef,
             },
+            // Every third entry carries a tag: both encodings in one block.
+            tag: seq
+                .is_multiple_of(3)
+                .then_some([seq as u8; crate::tag::TAG_LEN]),
         }
     }
 
@@ -456,6 +488,14 @@ mod tests {
         let block = &kt.blocks[bi];
         let i = block.seek(b"key00123", u64::MAX);
         assert_eq!(block.entry(i), e("key00123", 1000 - 123));
+        for k in [120u64, 121, 122] {
+            let key = format!("key{k:05}");
+            let bi = idx.find_block(key.as_bytes()).expect("block");
+            let block = &kt.blocks[bi];
+            let got = block.entry(block.seek(key.as_bytes(), u64::MAX));
+            assert_eq!(got, e(&key, 1000 - k));
+            assert_eq!(got.tag.is_some(), (1000 - k).is_multiple_of(3));
+        }
         assert!(idx.bloom.may_contain(Bloom::hash(b"key00123")));
         assert!(KeytableIndex::decode(&kt.bytes[kt.data_pages as usize * 512..], 10).is_err());
     }

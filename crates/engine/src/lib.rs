@@ -31,6 +31,7 @@ mod record;
 mod recovery;
 mod segreader;
 mod stats;
+mod tag;
 #[cfg(test)]
 mod test_support;
 mod types;
@@ -42,6 +43,7 @@ pub use error::{Error, Result};
 pub use getsplit::{GetStart, PendingGet};
 pub use options::{Durability, Options};
 pub use stats::Stats;
+pub use tag::{Current, Tag, ValueMeta, TAG_LEN, TAG_MAGIC};
 pub use types::SeqNo;
 
 /// Re-exported flash types needed to open a store.

@@ -308,7 +308,7 @@ fn replay(
         m.written_bytes = u64::from(pos.offset);
     }
     let mut max_seq = 0;
-    let mut batch: Vec<(Bytes, SeqNo, Kind, ValuePtr)> = Vec::new();
+    let mut batch: Vec<(Bytes, SeqNo, Kind, ValuePtr, Option<crate::tag::Tag>)> = Vec::new();
     let mut off = u64::from(pos.offset);
     'segments: loop {
         let mut reader = reader_log.reader(pos.seg);
@@ -344,9 +344,20 @@ fn replay(
                         len: len as u32,
                         value_crc: record::value_crc(rec.value),
                     };
-                    batch.push((Bytes::copy_from_slice(rec.key), rec.header.seq, kind, ptr));
+                    let tag = if kind == Kind::Put {
+                        crate::tag::tag_of(rec.value)
+                    } else {
+                        None
+                    };
+                    batch.push((
+                        Bytes::copy_from_slice(rec.key),
+                        rec.header.seq,
+                        kind,
+                        ptr,
+                        tag,
+                    ));
                     if rec.header.flags & FLAG_BATCH_CONTINUES == 0 {
-                        for (key, seq, kind, ptr) in batch.drain(..) {
+                        for (key, seq, kind, ptr, tag) in batch.drain(..) {
                             let already = counted_upto
                                 .get(&ptr.seg)
                                 .is_some_and(|&c| u64::from(ptr.offset) < c);
@@ -356,7 +367,7 @@ fn replay(
                                 }
                             }
                             max_seq = max_seq.max(seq);
-                            mem.insert(key, seq, kind, ptr);
+                            mem.insert(key, seq, kind, ptr, tag);
                         }
                         if let Some(m) = segs.get_mut(&pos.seg) {
                             m.written_bytes = off + len;

@@ -34,25 +34,25 @@ fn decides_from_the_current_value_and_applies_in_order() {
     db.put(b"a", b"old").unwrap();
     // "Set if absent": a exists, b does not; the second b sees the first.
     let ops = [put("a", b"1"), put("b", b"2"), put("b", b"3")];
-    let written = db.write_batch_if(&ops, |_, cur| cur.is_none()).unwrap();
+    let written = db.write_batch_if(&ops, |_, cur| Ok(!cur.exists())).unwrap();
     assert_eq!(written, [false, true, false]);
     assert_eq!(db.get(b"a").unwrap().as_deref(), Some(&b"old"[..]));
     assert_eq!(db.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
     // A delete seen by a later operation of the same batch.
     let ops = [BatchOp::Delete(Bytes::from_static(b"a")), put("a", b"new")];
     let written = db
-        .write_batch_if(&ops, |i, cur| i == 0 || cur.is_none())
+        .write_batch_if(&ops, |i, cur| Ok(i == 0 || !cur.exists()))
         .unwrap();
     assert_eq!(written, [true, true]);
     assert_eq!(db.get(b"a").unwrap().as_deref(), Some(&b"new"[..]));
     // Nothing accepted: nothing written, no error.
     assert_eq!(
-        db.write_batch_if(&ops, |_, _| false).unwrap(),
+        db.write_batch_if(&ops, |_, _| Ok(false)).unwrap(),
         [false, false]
     );
     // Bad input fails the whole batch.
     let bad = [put("", b"x")];
-    assert!(db.write_batch_if(&bad, |_, _| true).is_err());
+    assert!(db.write_batch_if(&bad, |_, _| Ok(true)).is_err());
 }
 
 /// Many threads write random versions of a few keys, each only if newer
@@ -95,7 +95,9 @@ fn version_compare_is_atomic_per_key_under_concurrency() {
                         versions.push((k, v));
                     }
                     let written = db
-                        .write_batch_if(&ops, |i, cur| versions[i].1 > version(cur))
+                        .write_batch_if(&ops, |i, cur| {
+                            Ok(versions[i].1 > version(cur.value()?.as_ref()))
+                        })
                         .expect("conditional batch");
                     for (i, &(k, v)) in versions.iter().enumerate() {
                         best[k] = best[k].max(v);
@@ -138,7 +140,9 @@ fn under_sync_what_returned_survives_a_power_cut() {
         value.extend_from_slice(&[7; 300]);
         let key = format!("k{}", i % 10);
         let w = db
-            .write_batch_if(&[put(&key, &value)], |_, cur| i + 1 > version(cur))
+            .write_batch_if(&[put(&key, &value)], |_, cur| {
+                Ok(i + 1 > version(cur.value()?.as_ref()))
+            })
             .unwrap();
         assert_eq!(w, [true]);
     }

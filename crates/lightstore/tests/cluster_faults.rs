@@ -83,14 +83,25 @@ fn wait_caught_up(observer: &Cluster, limit: Duration) {
         if status.iter().all(|s| s.up && s.hints.is_empty()) {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "not caught up within {limit:?}: {:?}",
-            status
-                .iter()
-                .map(|s| (&s.addr, s.up, &s.hints))
-                .collect::<Vec<_>>()
-        );
+        if Instant::now() >= deadline {
+            let handoff: Vec<String> = (0..status.len())
+                .map(
+                    |i| match observer.call_node(i, &[&b"INFO"[..], b"handoff"]) {
+                        Ok(Reply::Bulk(b)) => String::from_utf8_lossy(&b).into_owned(),
+                        Ok(Reply::Verbatim(s)) => s,
+                        other => format!("{other:?}"),
+                    },
+                )
+                .collect();
+            panic!(
+                "not caught up within {limit:?}: {:?}\n{}",
+                status
+                    .iter()
+                    .map(|s| (&s.addr, s.up, &s.hints))
+                    .collect::<Vec<_>>(),
+                handoff.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }

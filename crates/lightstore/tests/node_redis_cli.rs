@@ -261,6 +261,17 @@ fn versioned_writes_only_move_forward() {
     let mut want = header(1, 5);
     want.extend_from_slice(b"five");
     assert_eq!(stored(&mut c, b"k"), Some(want));
+    // VMETA: version, checksum and length of what a replica holds.
+    let Resp::Array(meta) = call(&mut c, &[b"VMETA", b"k", b"missing"]) else {
+        panic!("VMETA reply");
+    };
+    assert_eq!(meta[1], Resp::Nil);
+    let Resp::Array(fields) = &meta[0] else {
+        panic!("VMETA entry {:?}", meta[0]);
+    };
+    assert_eq!(fields[0], Resp::Bulk(b"5".to_vec()));
+    assert!(matches!(fields[1], Resp::Int(_)));
+    assert_eq!(fields[2], Resp::Int(14), "10-byte header + 'five'");
     // One call: the newest duplicate wins; a plain value is version 0.
     assert_eq!(
         call(&mut c, &[b"SET", b"p", b"plain"]),
@@ -273,6 +284,14 @@ fn versioned_writes_only_move_forward() {
         ],
     );
     assert_eq!(r, Resp::Int(2));
+    let Resp::Array(meta) = call(&mut c, &[b"VMETA", b"k"]) else {
+        panic!("VMETA reply");
+    };
+    let Resp::Array(fields) = &meta[0] else {
+        panic!("VMETA entry {:?}", meta[0]);
+    };
+    assert_eq!(fields[0], Resp::Bulk(b"9".to_vec()), "the newest version");
+    assert_eq!(fields[2], Resp::Int(14));
     assert_eq!(
         stored(&mut c, b"k").map(|v| v[10..].to_vec()),
         Some(b"nine".to_vec())

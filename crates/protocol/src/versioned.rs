@@ -81,6 +81,21 @@ pub fn version_of(stored: &[u8]) -> u64 {
     header(stored).map_or(0, |(_, v)| v)
 }
 
+/// The version of a stored copy known only by its first byte being
+/// [`MAGIC`], its next nine bytes `tag` (kind and version; the engine keeps
+/// these in its index) and its length: what [`version_of`] would say of the
+/// whole copy.
+pub fn version_of_tag(tag: &[u8; HEADER_LEN - 1], len: usize) -> u64 {
+    let mut head = [0u8; HEADER_LEN];
+    head[0] = MAGIC;
+    head[1..].copy_from_slice(tag);
+    match header(&head) {
+        Some((KIND_TOMBSTONE, _)) if len != HEADER_LEN => 0,
+        Some((_, v)) => v,
+        None => 0,
+    }
+}
+
 /// The total order of stored copies of one key: by version, then, between
 /// two copies of one version (two writers that picked the same version),
 /// by their bytes, so every replica and every reader picks the same winner
@@ -113,6 +128,21 @@ pub fn encode_tombstone(version: u64) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_from_a_tag_is_the_version_of_the_copy() {
+        let copies = [
+            encode_value(7, b"payload"),
+            encode_value(9, b""),
+            encode_tombstone(11),
+            Bytes::from_static(b"\xf1\x02\x00\x00\x00\x00\x00\x00\x00\x05 not a tombstone"),
+            Bytes::from_static(b"\xf1\x07\x00\x00\x00\x00\x00\x00\x00\x05 bad kind"),
+        ];
+        for c in copies {
+            let tag: [u8; 9] = c[1..10].try_into().expect("tag");
+            assert_eq!(version_of_tag(&tag, c.len()), version_of(&c), "{c:?}");
+        }
+    }
 
     #[test]
     fn copies_are_totally_ordered_by_version_then_bytes() {

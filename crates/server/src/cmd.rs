@@ -27,6 +27,7 @@ pub enum Cmd {
     Range,
     Vset,
     Vdel,
+    Vmeta,
     Fsync,
     Hint,
     Dbsize,
@@ -58,6 +59,7 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Range, "range", -3),
     (Cmd::Vset, "vset", -4),
     (Cmd::Vdel, "vdel", -3),
+    (Cmd::Vmeta, "vmeta", -2),
     (Cmd::Fsync, "fsync", 1),
     (Cmd::Hint, "hint", -4),
     (Cmd::Dbsize, "dbsize", 1),
@@ -211,6 +213,7 @@ impl Cmd {
                 | Cmd::Range
                 | Cmd::Vset
                 | Cmd::Vdel
+                | Cmd::Vmeta
                 | Cmd::Fsync
                 | Cmd::Hint
                 | Cmd::Dbsize

@@ -50,9 +50,6 @@ fn stopping(state: &NodeState) -> bool {
 }
 
 fn run(state: &NodeState) {
-    if let Err(e) = count_pending(state) {
-        tracing::warn!(error = %e, "could not count the hints kept");
-    }
     let mut conns: HashMap<Vec<u8>, Conn> = HashMap::new();
     while !stopping(state) {
         if !state.config.hinted_handoff {
@@ -64,35 +61,6 @@ fn run(state: &NodeState) {
         }
         state.hints.wait(ROUND);
     }
-}
-
-/// Counts the hints kept per target (once, at start).
-fn count_pending(state: &NodeState) -> engine::Result<()> {
-    let end = hints_end();
-    let mut start = hints_start();
-    let mut counts: HashMap<String, u64> = HashMap::new();
-    loop {
-        let keys = state.db.scan_keys(&start, &end, 4096)?;
-        for k in &keys {
-            if let Some((target, _)) = parse_hint_key(k) {
-                *counts
-                    .entry(String::from_utf8_lossy(target).into_owned())
-                    .or_default() += 1;
-            }
-        }
-        match keys.last() {
-            Some(last) if keys.len() == 4096 => {
-                start = last.to_vec();
-                start.push(0);
-            }
-            _ => break,
-        }
-    }
-    let mut pending = state.hints.pending.lock();
-    for (target, n) in counts {
-        *pending.entry(target).or_default() += n;
-    }
-    Ok(())
 }
 
 /// One pass over every hint.
@@ -189,13 +157,13 @@ fn deliver<'h>(
     let deleted = state
         .db
         .write_batch_if(&ops, |j, current| {
-            current.is_some_and(|c| hint_version(c) <= settled[j].1)
+            Ok(current
+                .value()?
+                .is_some_and(|c| hint_version(&c) <= settled[j].1))
         })
         .map_err(|e| format!("clearing delivered hints: {e}"))?;
     let n = deleted.iter().filter(|&&d| d).count() as u64;
-    let name = String::from_utf8_lossy(target);
-    state.hints.add_pending(&name, -(n as i64));
-    state.hints.delivered(&name, n);
+    state.hints.delivered(&String::from_utf8_lossy(target), n);
     let last = settled.last().map_or(0, |&(i, _)| i);
     Ok(&hints[last].0)
 }

@@ -62,12 +62,44 @@ pub fn hint_version(value: &[u8]) -> u64 {
     <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes)
 }
 
-/// What INFO reports of hinted handoff, and the handoff thread's wake-up.
+/// Most hints [`pending`] counts before it reports a lower bound.
+pub const PENDING_CAP: u64 = 1_000_000;
+
+/// Hints kept per target, counted from the store (keys only, no value
+/// read): exact up to [`PENDING_CAP`] in total, then a lower bound (the
+/// flag says so). Counted when asked, so it never drifts from the store.
+pub fn pending(db: &engine::Db) -> engine::Result<(BTreeMap<String, u64>, bool)> {
+    const CHUNK: usize = 4096;
+    let end = hints_end();
+    let mut start = hints_start();
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut total = 0u64;
+    loop {
+        let keys = db.scan_keys(&start, &end, CHUNK)?;
+        for k in &keys {
+            if let Some((target, _)) = parse_hint_key(k) {
+                *counts
+                    .entry(String::from_utf8_lossy(target).into_owned())
+                    .or_default() += 1;
+            }
+        }
+        total += keys.len() as u64;
+        match keys.last() {
+            Some(last) if keys.len() == CHUNK => {
+                if total >= PENDING_CAP {
+                    return Ok((counts, true));
+                }
+                start = last.to_vec();
+                start.push(0);
+            }
+            _ => return Ok((counts, false)),
+        }
+    }
+}
+
+/// Hinted handoff's counters and the handoff thread's wake-up.
 #[derive(Default)]
 pub struct HintState {
-    /// Hints kept per target. Counted from the store when the handoff
-    /// thread starts, then kept up to date as hints come and go.
-    pub pending: Mutex<BTreeMap<String, u64>>,
     /// Hints delivered since start.
     pub delivered: AtomicU64,
     /// The last delivery failure, per target (cleared by a success).
@@ -77,21 +109,6 @@ pub struct HintState {
 }
 
 impl HintState {
-    /// Adds `n` (possibly negative) to `target`'s pending count.
-    pub fn add_pending(&self, target: &str, n: i64) {
-        let mut p = self.pending.lock();
-        let c = p.entry(target.to_string()).or_default();
-        *c = c.saturating_add_signed(n);
-        if *c == 0 {
-            p.remove(target);
-        }
-    }
-
-    /// Hints kept, over all targets.
-    pub fn total_pending(&self) -> u64 {
-        self.pending.lock().values().sum()
-    }
-
     /// Wakes the handoff thread (new hints, or shutdown).
     pub fn wake(&self) {
         *self.wake.lock() = true;
@@ -126,9 +143,9 @@ pub fn hint(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             "HINT target must be a node address (host:port), without NUL bytes",
         ));
     }
-    let Ok(target_name) = std::str::from_utf8(target) else {
+    if std::str::from_utf8(target).is_err() {
         return Ok(Reply::err("HINT target must be UTF-8 (host:port)"));
-    };
+    }
     let mut ops = Vec::with_capacity(rest.len() / 2);
     let mut versions = Vec::with_capacity(rest.len() / 2);
     for pair in rest.chunks_exact(2) {
@@ -142,15 +159,11 @@ pub fn hint(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         ops.push(BatchOp::Put(Bytes::from(hint_key(target, &pair[0])), value));
         versions.push(version);
     }
-    let mut new = vec![false; ops.len()];
     let written = state.db.write_batch_if(&ops, |i, current| {
-        new[i] = current.is_none();
-        current.is_none_or(|c| hint_version(c) < versions[i])
+        Ok(current
+            .value()?
+            .is_none_or(|c| hint_version(&c) < versions[i]))
     })?;
-    let added = written.iter().zip(&new).filter(|(w, n)| **w && **n).count();
-    if added > 0 {
-        state.hints.add_pending(target_name, added as i64);
-    }
     state.hints.wake();
     Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
 }

@@ -10,10 +10,16 @@
 //! key, with no node-wide lock, so VSETs on different keys run and
 //! group-commit together, and replicas only ever move forward in that
 //! order, whatever order writes and repairs arrive in.
+//!
+//! `VMETA key [key ...]` answers, per key, what a replica holds without
+//! sending it: nil when absent, else `[version, crc32c, length]` of the
+//! stored copy (version as a decimal bulk string, the others integers).
+//! Readers compare it with another replica's copy (digest reads). It reads
+//! no value when the engine's index kept the copy's tag.
 
 use bytes::Bytes;
 use engine::BatchOp;
-use protocol::versioned::{cmp_stored, encode_tombstone, encode_value};
+use protocol::versioned::{cmp_stored, encode_tombstone, encode_value, version_of, version_of_tag};
 use protocol::Reply;
 
 use crate::cmd::{errors, Cmd};
@@ -85,18 +91,71 @@ fn parse(args: &[Bytes], tombstone: bool) -> Result<Vec<BatchOp>, Reply> {
 }
 
 /// Writes each op whose copy is greater than the key's current one (see
-/// [`cmp_stored`]); which were written.
+/// [`cmp_stored`]); which were written. The current copy's version comes
+/// from the engine's index (its tag) when it has one, so deciding reads no
+/// value; only a tie, or a copy without a tag, reads the stored bytes.
 fn write(state: &NodeState, ops: &[BatchOp]) -> engine::Result<Vec<bool>> {
     // Shared: exclusive holders (SET NX/XX/GET, DEL) read-compare-write.
     let _shared = state.write_order.read();
     state.db.write_batch_if(ops, |i, current| {
         let BatchOp::Put(_, new) = &ops[i] else {
-            return false;
+            return Ok(false);
         };
-        current.is_none_or(|c| cmp_stored(new, c).is_gt())
+        if !current.exists() {
+            return Ok(true);
+        }
+        if let (Some(tag), Some(len)) = (current.tag(), current.len()) {
+            let (mine, theirs) = (version_of(new), version_of_tag(&tag, len));
+            if mine != theirs {
+                return Ok(mine > theirs);
+            }
+        }
+        Ok(current.value()?.is_none_or(|c| cmp_stored(new, &c).is_gt()))
     })
+}
+
+/// `VMETA key [key ...]`.
+pub fn vmeta(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
+    let metas = state.db.multi_get_meta(&keys)?;
+    let mut out = Vec::with_capacity(keys.len());
+    for (key, meta) in keys.iter().zip(metas) {
+        let Some(meta) = meta else {
+            out.push(Reply::Null);
+            continue;
+        };
+        let version = match meta.tag {
+            Some(tag) => version_of_tag(&tag, meta.value_len as usize),
+            // No tag kept (a plain value, or an entry older than tags):
+            // the version is in the value.
+            None => match state.db.get(key)? {
+                Some(v) => version_of(&v),
+                None => {
+                    out.push(Reply::Null);
+                    continue;
+                }
+            },
+        };
+        out.push(Reply::Array(vec![
+            Reply::Bulk(Bytes::from(version.to_string())),
+            Reply::Integer(i64::from(meta.value_crc)),
+            Reply::Integer(i64::from(meta.value_len)),
+        ]));
+    }
+    Ok(Reply::Array(out))
 }
 
 fn parse_version(b: &[u8]) -> Option<u64> {
     std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The engine keeps exactly the versioned header after its magic as a
+    /// value's tag, which `version_of_tag` decodes.
+    #[test]
+    fn engine_tags_are_versioned_headers() {
+        assert_eq!(engine::TAG_MAGIC, protocol::versioned::MAGIC);
+        assert_eq!(engine::TAG_LEN, protocol::versioned::HEADER_LEN - 1);
+    }
 }

@@ -10,8 +10,10 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.atomic.AtomicLong;
+import redis.clients.jedis.Connection;
 import redis.clients.jedis.DefaultJedisClientConfig;
 import redis.clients.jedis.HostAndPort;
+import redis.clients.jedis.JedisClientConfig;
 import redis.clients.jedis.Jedis;
 import redis.clients.jedis.commands.ProtocolCommand;
 import redis.clients.jedis.exceptions.JedisConnectionException;
@@ -45,6 +47,19 @@ public final class ClusterClient implements AutoCloseable {
     }
   }
 
+  /** A connection whose requests can be sent now and answered later. */
+  private static final class SplitConnection extends Connection {
+    SplitConnection(HostAndPort hp, JedisClientConfig cfg) {
+      super(hp, cfg);
+    }
+
+    /** Writes one request to the socket without reading its reply. */
+    void send(ProtocolCommand cmd, byte[]... args) {
+      sendCommand(cmd, args);
+      flush();
+    }
+  }
+
   private enum Cmd implements ProtocolCommand {
     VSET, VDEL, MGET, RANGE, PING, HINT;
 
@@ -73,6 +88,7 @@ public final class ClusterClient implements AutoCloseable {
   private final long retryMs;
   private final String password;
   private final Jedis[] conns;
+  private final SplitConnection[] raw;
   private final long[] downUntil;
   private long readRepairs;
 
@@ -96,6 +112,7 @@ public final class ClusterClient implements AutoCloseable {
     this.retryMs = 500;
     this.password = password;
     this.conns = new Jedis[nodes.size()];
+    this.raw = new SplitConnection[nodes.size()];
     this.downUntil = new long[nodes.size()];
   }
 
@@ -133,9 +150,56 @@ public final class ClusterClient implements AutoCloseable {
       if (password != null) {
         cfg.password(password);
       }
-      conns[node] = new Jedis(hp, cfg.build());
+      raw[node] = new SplitConnection(hp, cfg.build());
+      conns[node] = new Jedis(raw[node]);
     }
     return conns[node];
+  }
+
+  /**
+   * One MGET per job ({@code node -> keys}) on every node at once: all requests
+   * are written first, then the replies read in turn, so the nodes work in
+   * parallel without a thread per node. Each result is the list of stored
+   * copies, a {@link NodeDown}, or the {@link RuntimeException} the reply raised.
+   */
+  private List<Object> mgetAll(List<java.util.Map.Entry<Integer, List<byte[]>>> jobs) {
+    Object[] results = new Object[jobs.size()];
+    for (int j = 0; j < jobs.size(); j++) {
+      int node = jobs.get(j).getKey();
+      try {
+        conn(node);
+        raw[node].send(Cmd.MGET, jobs.get(j).getValue().toArray(new byte[0][]));
+      } catch (JedisConnectionException e) {
+        results[j] = down(node, e);
+      }
+    }
+    for (int j = 0; j < jobs.size(); j++) {
+      if (results[j] != null) {
+        continue;
+      }
+      int node = jobs.get(j).getKey();
+      try {
+        Object reply = raw[node].getOne();
+        downUntil[node] = 0;
+        List<byte[]> out = new ArrayList<>(jobs.get(j).getValue().size());
+        for (Object o : (List<?>) reply) {
+          out.add(o instanceof byte[] b ? b : null);
+        }
+        results[j] = out;
+      } catch (JedisConnectionException e) {
+        results[j] = down(node, e);
+      } catch (RuntimeException e) {
+        results[j] = e;
+      }
+    }
+    return Arrays.asList(results);
+  }
+
+  /** Marks a node down after its connection broke; the exception to report. */
+  private NodeDown down(int node, JedisConnectionException e) {
+    closeConn(node);
+    downUntil[node] = System.currentTimeMillis() + retryMs;
+    return new NodeDown(nodes.get(node), e);
   }
 
   private Object call(int node, Cmd cmd, byte[]... args) throws NodeDown {
@@ -144,9 +208,7 @@ public final class ClusterClient implements AutoCloseable {
       downUntil[node] = 0;
       return reply;
     } catch (JedisConnectionException e) {
-      closeConn(node);
-      downUntil[node] = System.currentTimeMillis() + retryMs;
-      throw new NodeDown(nodes.get(node), e);
+      throw down(node, e);
     }
   }
 
@@ -164,6 +226,7 @@ public final class ClusterClient implements AutoCloseable {
   private void closeConn(int node) {
     Jedis j = conns[node];
     conns[node] = null;
+    raw[node] = null;
     if (j != null) {
       try {
         j.close();
@@ -503,17 +566,15 @@ public final class ClusterClient implements AutoCloseable {
         break;
       }
       List<java.util.Map.Entry<Integer, List<Integer>>> jobs = new ArrayList<>(groups.entrySet());
-      List<Object> results = parallel(jobs, job -> {
+      List<java.util.Map.Entry<Integer, List<byte[]>>> requests = new ArrayList<>();
+      for (java.util.Map.Entry<Integer, List<Integer>> job : jobs) {
         List<byte[]> ks = new ArrayList<>();
         for (int i : job.getValue()) {
           ks.add(keys.get(i));
         }
-        try {
-          return mgetOn(job.getKey(), ks);
-        } catch (NodeDown | RuntimeException e) {
-          return e;
-        }
-      });
+        requests.add(java.util.Map.entry(job.getKey(), ks));
+      }
+      List<Object> results = mgetAll(requests);
       pending.clear();
       for (int j = 0; j < jobs.size(); j++) {
         int node = jobs.get(j).getKey();

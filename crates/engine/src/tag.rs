@@ -1,0 +1,160 @@
+//! Value tags: the first bytes of a value, kept in its index entry, so that
+//! what they say can be read without reading the value from the log.
+//!
+//! A value whose first byte is [`TAG_MAGIC`] and that is at least
+//! `1 + TAG_LEN` bytes long has a tag: its bytes `1..=TAG_LEN`. The cluster's
+//! versioned values (`protocol::versioned`: magic, kind, 64-bit version)
+//! are laid out so that their tag is their kind and version. The memtable
+//! and keytables keep a put's tag beside its value pointer (9 bytes more
+//! per tagged entry); GC relocation and recovery take it from the value
+//! again, compaction copies it.
+//!
+//! [`Db::multi_get_meta`] answers a key's tag, value length and value
+//! checksum from the index alone: no value-log read. [`Current`] is what a
+//! conditional batch's predicate sees of a key (`conditional.rs`): the tag
+//! first, the value only if the predicate asks for it.
+
+use bytes::Bytes;
+
+use crate::db::Db;
+use crate::error::Result;
+use crate::record::HEADER_LEN;
+use crate::types::{Entry, Kind};
+
+/// First byte of a value that carries a tag.
+pub const TAG_MAGIC: u8 = 0xF1;
+/// Bytes of a tag.
+pub const TAG_LEN: usize = 9;
+/// A value's tag: its bytes `1..=TAG_LEN`.
+pub type Tag = [u8; TAG_LEN];
+
+/// The tag of `value`, if it has one.
+pub fn tag_of(value: &[u8]) -> Option<Tag> {
+    if value.len() <= TAG_LEN || value[0] != TAG_MAGIC {
+        return None;
+    }
+    Tag::try_from(&value[1..=TAG_LEN]).ok()
+}
+
+/// What the index knows of a key's current value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValueMeta {
+    /// The value's tag, when it has one and its entry kept it (entries
+    /// written before tags did not: `None` then says nothing).
+    pub tag: Option<Tag>,
+    /// CRC32C of the value bytes.
+    pub value_crc: u32,
+    /// Length of the value in bytes.
+    pub value_len: u32,
+}
+
+impl ValueMeta {
+    fn of(e: &Entry) -> ValueMeta {
+        let head = (HEADER_LEN + e.key.len()) as u32;
+        ValueMeta {
+            tag: e.tag,
+            value_crc: e.ptr.value_crc,
+            value_len: e.ptr.len.saturating_sub(head),
+        }
+    }
+}
+
+impl Db {
+    /// What the index holds of each key's current value, `None` for a key
+    /// that is absent or deleted. Reads no value from the log (only
+    /// keytable blocks that are not cached, as any lookup does).
+    pub fn multi_get_meta(&self, keys: &[&[u8]]) -> Result<Vec<Option<ValueMeta>>> {
+        let (sv, seq) = self.inner.read_view(None);
+        keys.iter()
+            .map(|k| {
+                Ok(self
+                    .inner
+                    .lookup_in(&sv, k, seq)?
+                    .filter(|e| e.kind == Kind::Put)
+                    .map(|e| ValueMeta::of(&e)))
+            })
+            .collect()
+    }
+}
+
+/// A key's current value as a conditional batch's predicate sees it: what
+/// the index says, and the value itself on demand.
+pub struct Current<'a> {
+    db: &'a Db,
+    key: &'a [u8],
+    state: State,
+}
+
+enum State {
+    Absent,
+    /// In the store; the value is read only if asked for.
+    Stored(ValueMeta),
+    /// Read, or written by an earlier operation of the same batch.
+    Value(Bytes),
+}
+
+impl<'a> Current<'a> {
+    pub(crate) fn stored(db: &'a Db, key: &'a [u8], meta: Option<ValueMeta>) -> Self {
+        let state = meta.map_or(State::Absent, State::Stored);
+        Current { db, key, state }
+    }
+
+    pub(crate) fn set(&mut self, value: Option<Bytes>) {
+        self.state = value.map_or(State::Absent, State::Value);
+    }
+
+    /// Whether the key holds a value.
+    pub fn exists(&self) -> bool {
+        !matches!(self.state, State::Absent)
+    }
+
+    /// The value's tag, when known without reading it: `None` for an absent
+    /// key, a value without a tag, or an entry that did not keep it.
+    pub fn tag(&self) -> Option<Tag> {
+        match &self.state {
+            State::Absent => None,
+            State::Stored(m) => m.tag,
+            State::Value(v) => tag_of(v),
+        }
+    }
+
+    /// The value's length, when it exists.
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> Option<usize> {
+        match &self.state {
+            State::Absent => None,
+            State::Stored(m) => Some(m.value_len as usize),
+            State::Value(v) => Some(v.len()),
+        }
+    }
+
+    /// The value itself, read from the log if not read yet.
+    pub fn value(&mut self) -> Result<Option<Bytes>> {
+        if let State::Stored(_) = self.state {
+            let v = self.db.get(self.key)?;
+            self.set(v);
+        }
+        Ok(match &self.state {
+            State::Value(v) => Some(v.clone()),
+            _ => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_values_with_the_magic_and_room_have_tags() {
+        let mut v = vec![TAG_MAGIC];
+        v.extend(1u8..=9);
+        assert_eq!(tag_of(&v), Some([1, 2, 3, 4, 5, 6, 7, 8, 9]));
+        v.push(42);
+        assert_eq!(tag_of(&v), Some([1, 2, 3, 4, 5, 6, 7, 8, 9]));
+        assert_eq!(tag_of(&v[..9]), None, "too short");
+        v[0] = 0;
+        assert_eq!(tag_of(&v), None, "no magic");
+        assert_eq!(tag_of(b""), None);
+    }
+}

@@ -1,0 +1,140 @@
+//! Value tags (`tag.rs`): for every key, what `multi_get_meta` answers from
+//! the index must match the value a GET returns (its tag, length and
+//! checksum) through flushes, compactions, value GC, a power cut and
+//! recovery, against an in-memory model; and a conditional batch that
+//! decides from tags alone reads no value from the device.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use common::*;
+use engine::flash::LossMode;
+use engine::{BatchOp, Durability, Options, TAG_LEN, TAG_MAGIC};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// A value with a tag (`[TAG_MAGIC, version..]`) or, one in four, without.
+fn value(rng: &mut SmallRng, version: u64) -> Vec<u8> {
+    let len = rng.gen_range(0..600);
+    let mut v = Vec::with_capacity(len + 10);
+    if rng.gen_range(0..4) > 0 {
+        v.push(TAG_MAGIC);
+        v.push(1);
+        v.extend_from_slice(&version.to_be_bytes());
+    }
+    v.extend((0..len).map(|i| (i as u64 ^ version) as u8));
+    v
+}
+
+fn expected_tag(v: &[u8]) -> Option<[u8; TAG_LEN]> {
+    (v.len() > TAG_LEN && v[0] == TAG_MAGIC).then(|| v[1..=TAG_LEN].try_into().expect("9 bytes"))
+}
+
+fn check(db: &engine::Db, model: &BTreeMap<Vec<u8>, Vec<u8>>, keys: &[Vec<u8>], when: &str) {
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let metas = db.multi_get_meta(&refs).expect("meta");
+    for (k, m) in keys.iter().zip(metas) {
+        match (model.get(k), m) {
+            (None, None) => {}
+            (Some(v), Some(m)) => {
+                assert_eq!(m.value_len as usize, v.len(), "{when}: length of {k:?}");
+                assert_eq!(m.value_crc, crc32c::crc32c(v), "{when}: crc of {k:?}");
+                // Entries always keep the tag now (none predate tags here).
+                assert_eq!(m.tag, expected_tag(v), "{when}: tag of {k:?}");
+            }
+            (want, got) => panic!("{when}: {k:?}: model {want:?}, meta {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn index_tags_match_the_values_through_maintenance_and_recovery() {
+    let dev = nand(32, LossMode::AllUnsynced);
+    let opts = Options {
+        durability: Durability::Sync,
+        ..small_opts()
+    };
+    let mut db = open(&dev, &opts);
+    let mut rng = SmallRng::seed_from_u64(17);
+    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let keys: Vec<Vec<u8>> = (0..300).map(key).collect();
+    for round in 0..12u64 {
+        for i in 0..400u64 {
+            let k = keys[rng.gen_range(0..keys.len())].clone();
+            if rng.gen_range(0..10) == 0 {
+                db.delete(&k).expect("delete");
+                model.remove(&k);
+            } else {
+                let v = value(&mut rng, round * 1000 + i);
+                db.put(&k, &v).expect("put");
+                model.insert(k, v);
+            }
+        }
+        check(
+            &db,
+            &model,
+            &keys,
+            &format!("round {round} before maintenance"),
+        );
+        db.maintenance().expect("maintenance");
+        if round % 3 == 2 {
+            db.gc().expect("gc");
+        }
+        check(
+            &db,
+            &model,
+            &keys,
+            &format!("round {round} after maintenance"),
+        );
+        if round % 4 == 3 {
+            crash(&dev, db, round);
+            db = open(&dev, &opts);
+            check(&db, &model, &keys, &format!("round {round} after recovery"));
+        }
+    }
+}
+
+/// Version compares decided from tags: the device is not read for values
+/// (the keytables of this small store stay cached).
+#[test]
+fn tag_decisions_read_no_values() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    let versioned = |v: u64| {
+        let mut b = vec![TAG_MAGIC, 1];
+        b.extend_from_slice(&v.to_be_bytes());
+        b.extend_from_slice(&[9; 2000]);
+        Bytes::from(b)
+    };
+    for k in 0..20 {
+        db.put(&key(k), &versioned(10)).expect("put");
+    }
+    db.maintenance().expect("flush");
+    let db = reopened(&dev, db, &small_opts());
+    let newer: Vec<BatchOp> = (0..20)
+        .map(|k| BatchOp::Put(key(k).into(), versioned(if k % 2 == 0 { 20 } else { 5 })))
+        .collect();
+    let newer_version = |tag: [u8; TAG_LEN]| u64::from_be_bytes(tag[1..].try_into().expect("8"));
+    let (written, reads) = reads_during(&dev, || {
+        db.write_batch_if(&newer, |i, cur| {
+            let BatchOp::Put(_, v) = &newer[i] else {
+                return Ok(false);
+            };
+            let mine = newer_version(v[1..=TAG_LEN].try_into().expect("tag"));
+            Ok(cur.tag().is_none_or(|t| newer_version(t) < mine))
+        })
+        .expect("conditional")
+    });
+    assert_eq!(
+        written,
+        (0..20).map(|k| k % 2 == 0).collect::<Vec<_>>(),
+        "newer versions written, older refused"
+    );
+    assert!(
+        reads.bytes < 20 * 2000,
+        "decisions read {} bytes: values were read",
+        reads.bytes
+    );
+}
