@@ -525,9 +525,9 @@ impl DbInner {
                     Kind::Delete
                 };
                 let tag = if kind == Kind::Put {
-                    crate::tag::tag_of(ops[i].2)
+                    crate::tag::Tagging::of(ops[i].2)
                 } else {
-                    None
+                    crate::tag::Tagging::Unknown
                 };
                 self.sv
                     .read()
@@ -598,7 +598,7 @@ impl DbInner {
                 seq,
                 Kind::Put,
                 ptr,
-                crate::tag::tag_of(value),
+                crate::tag::Tagging::of(value),
             );
         })?;
         self.write_behind()

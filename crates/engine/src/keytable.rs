@@ -9,8 +9,9 @@
 //!
 //! Block layout: `crc u32 | count u32 | data_len u32 | entries | offsets u32 * count`,
 //! entry: `key_len u16 | key | seq u64 | kind u8 | ptr (20 B) [| tag (9 B)]`.
-//! Kind codes: 1 put, 2 delete, 3 put followed by its value's tag
-//! (`tag.rs`); keytables written before tags hold only 1 and 2.
+//! Kind codes: 1 put (its value's tag not recorded: written before tags),
+//! 2 delete, 3 put followed by its value's tag (`tag.rs`), 4 put of a value
+//! without a tag.
 
 use std::sync::Arc;
 
@@ -18,19 +19,22 @@ use bytes::Bytes;
 
 use crate::bloom::Bloom;
 use crate::error::{Error, Result};
-use crate::tag::{Tag, TAG_LEN};
+use crate::tag::{Tag, Tagging, TAG_LEN};
 use crate::types::{entry_order, Entry, Kind, SeqNo, ValuePtr, PTR_LEN};
 
 const BLOCK_HEADER: usize = 12;
 const ENTRY_FIXED: usize = 2 + 8 + 1 + PTR_LEN;
 /// Kind code of a put whose entry carries its value's tag.
 const CODE_PUT_TAGGED: u8 = 3;
+/// Kind code of a put whose value has no tag.
+const CODE_PUT_UNTAGGED: u8 = 4;
 
-/// `(kind, tag follows)` of an on-device kind code.
-fn decode_kind(code: u8) -> Option<(Kind, bool)> {
+/// `(kind, tag follows, known untagged)` of an on-device kind code.
+fn decode_kind(code: u8) -> Option<(Kind, bool, bool)> {
     match code {
-        CODE_PUT_TAGGED => Some((Kind::Put, true)),
-        c => Kind::from_code(c).map(|k| (k, false)),
+        CODE_PUT_TAGGED => Some((Kind::Put, true, false)),
+        CODE_PUT_UNTAGGED => Some((Kind::Put, false, true)),
+        c => Kind::from_code(c).map(|k| (k, false, false)),
     }
 }
 
@@ -90,7 +94,7 @@ impl Block {
             if off + ENTRY_FIXED + klen > block.offsets_at {
                 return Err(corrupt("entry overruns block"));
             }
-            let Some((_, tagged)) = decode_kind(block.data[off + 2 + klen + 8]) else {
+            let Some((_, tagged, _)) = decode_kind(block.data[off + 2 + klen + 8]) else {
                 return Err(corrupt("bad entry kind"));
             };
             if tagged && off + ENTRY_FIXED + klen + TAG_LEN > block.offsets_at {
@@ -139,16 +143,23 @@ impl Block {
         let off = self.offset(i);
         let klen = u16::from_le_bytes([self.data[off], self.data[off + 1]]) as usize;
         let p = off + 2 + klen;
-        let (kind, tagged) = decode_kind(self.data[p + 8]).unwrap_or((Kind::Delete, false));
+        let (kind, tagged, untagged) =
+            decode_kind(self.data[p + 8]).unwrap_or((Kind::Delete, false, false));
         let tag_at = p + 9 + PTR_LEN;
+        let tag = if tagged {
+            Tag::try_from(&self.data[tag_at..tag_at + TAG_LEN])
+                .map_or(Tagging::Unknown, Tagging::Tagged)
+        } else if untagged {
+            Tagging::Untagged
+        } else {
+            Tagging::Unknown
+        };
         Entry {
             key: Bytes::copy_from_slice(&self.data[off + 2..p]),
             seq: self.seq(i),
             kind,
             ptr: ValuePtr::decode(&self.data[p + 9..tag_at]).unwrap_or_default(),
-            tag: tagged
-                .then(|| Tag::try_from(&self.data[tag_at..tag_at + TAG_LEN]).ok())
-                .flatten(),
+            tag,
         }
     }
 
@@ -351,7 +362,11 @@ impl KeytableBuilder {
 
     /// Adds an entry; entries must arrive in [`entry_order`].
     pub fn add(&mut self, e: &Entry) {
-        let tag = e.tag.filter(|_| e.kind == Kind::Put);
+        let (code, tag) = match (e.kind, e.tag) {
+            (Kind::Put, Tagging::Tagged(t)) => (CODE_PUT_TAGGED, Some(t)),
+            (Kind::Put, Tagging::Untagged) => (CODE_PUT_UNTAGGED, None),
+            (kind, _) => (kind.code(), None),
+        };
         let elen = ENTRY_FIXED + e.key.len() + if tag.is_some() { TAG_LEN } else { 0 };
         let used = BLOCK_HEADER + self.cur.len() + 4 * (self.cur_offsets.len() + 1) + elen;
         if !self.cur_offsets.is_empty() && used > self.page_size {
@@ -366,10 +381,7 @@ impl KeytableBuilder {
             .extend_from_slice(&(e.key.len() as u16).to_le_bytes());
         self.cur.extend_from_slice(&e.key);
         self.cur.extend_from_slice(&e.seq.to_le_bytes());
-        self.cur.push(match tag {
-            Some(_) => CODE_PUT_TAGGED,
-            None => e.kind.code(),
-        });
+        self.cur.push(code);
         let mut p = Vec::with_capacity(PTR_LEN + TAG_LEN);
         e.ptr.encode_to(&mut p);
         if let Some(tag) = tag {
@@ -465,10 +477,12 @@ mod tests {
                 len: 9,
                 value_crc: seq as u32 ^ 0xdead_beef,
             },
-            // Every third entry carries a tag: both encodings in one block.
-            tag: seq
-                .is_multiple_of(3)
-                .then_some([seq as u8; crate::tag::TAG_LEN]),
+            // All three encodings of a put in one keytable.
+            tag: match seq % 3 {
+                0 => Tagging::Tagged([seq as u8; TAG_LEN]),
+                1 => Tagging::Untagged,
+                _ => Tagging::Unknown,
+            },
         }
     }
 
@@ -494,7 +508,10 @@ mod tests {
             let block = &kt.blocks[bi];
             let got = block.entry(block.seek(key.as_bytes(), u64::MAX));
             assert_eq!(got, e(&key, 1000 - k));
-            assert_eq!(got.tag.is_some(), (1000 - k).is_multiple_of(3));
+            assert_eq!(
+                matches!(got.tag, Tagging::Tagged(_)),
+                (1000 - k).is_multiple_of(3)
+            );
         }
         assert!(idx.bloom.may_contain(Bloom::hash(b"key00123")));
         assert!(KeytableIndex::decode(&kt.bytes[kt.data_pages as usize * 512..], 10).is_err());

@@ -43,7 +43,7 @@ pub use error::{Error, Result};
 pub use getsplit::{GetStart, PendingGet};
 pub use options::{Durability, Options};
 pub use stats::Stats;
-pub use tag::{Current, Tag, ValueMeta, TAG_LEN, TAG_MAGIC};
+pub use tag::{Current, Tag, Tagging, ValueMeta, TAG_LEN, TAG_MAGIC};
 pub use types::SeqNo;
 
 /// Re-exported flash types needed to open a store.

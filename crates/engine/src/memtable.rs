@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use bytes::Bytes;
 use crossbeam_skiplist::SkipMap;
 
-use crate::tag::Tag;
+use crate::tag::Tagging;
 #[cfg(doc)]
 use crate::types::entry_order;
 use crate::types::{Entry, Kind, SeqNo, ValuePtr};
@@ -82,7 +82,7 @@ impl PartialOrd for IKey {
 /// An L0 memtable.
 #[derive(Default)]
 pub struct Memtable {
-    map: SkipMap<IKey, (Kind, ValuePtr, Option<Tag>)>,
+    map: SkipMap<IKey, (Kind, ValuePtr, Tagging)>,
     bytes: AtomicUsize,
     log_bytes: AtomicU64,
 }
@@ -95,7 +95,7 @@ impl Memtable {
 
     /// Inserts one version with its value's tag. Equal `(key, seq)` pairs (a
     /// GC relocation of a version already here) replace the older pointer.
-    pub fn insert(&self, key: Bytes, seq: SeqNo, kind: Kind, ptr: ValuePtr, tag: Option<Tag>) {
+    pub fn insert(&self, key: Bytes, seq: SeqNo, kind: Kind, ptr: ValuePtr, tag: Tagging) {
         self.bytes
             .fetch_add(key.len() + ENTRY_OVERHEAD, Ordering::Relaxed);
         self.log_bytes
@@ -169,14 +169,35 @@ mod tests {
             offset: o,
             ..Default::default()
         };
-        m.insert(Bytes::from_static(b"a"), 1, Kind::Put, p(1), None);
-        m.insert(Bytes::from_static(b"a"), 5, Kind::Delete, p(5), None);
-        m.insert(Bytes::from_static(b"b"), 3, Kind::Put, p(3), Some([7; 9]));
+        m.insert(
+            Bytes::from_static(b"a"),
+            1,
+            Kind::Put,
+            p(1),
+            Tagging::Untagged,
+        );
+        m.insert(
+            Bytes::from_static(b"a"),
+            5,
+            Kind::Delete,
+            p(5),
+            Tagging::Unknown,
+        );
+        m.insert(
+            Bytes::from_static(b"b"),
+            3,
+            Kind::Put,
+            p(3),
+            Tagging::Tagged([7; 9]),
+        );
         assert_eq!(m.get(b"a", 10).map(|e| e.kind), Some(Kind::Delete));
         assert_eq!(m.get(b"a", 4).map(|e| e.ptr.offset), Some(1));
         assert!(m.get(b"a", 0).is_none());
         assert!(m.get(b"c", 10).is_none());
-        assert_eq!(m.get(b"b", 10).and_then(|e| e.tag), Some([7; 9]));
+        assert_eq!(
+            m.get(b"b", 10).map(|e| e.tag),
+            Some(Tagging::Tagged([7; 9]))
+        );
         let keys: Vec<_> = m.iter_from(b"a").map(|e| (e.key, e.seq)).collect();
         assert_eq!(keys.len(), 3);
         assert_eq!(keys[0].1, 5);

@@ -308,7 +308,7 @@ fn replay(
         m.written_bytes = u64::from(pos.offset);
     }
     let mut max_seq = 0;
-    let mut batch: Vec<(Bytes, SeqNo, Kind, ValuePtr, Option<crate::tag::Tag>)> = Vec::new();
+    let mut batch: Vec<(Bytes, SeqNo, Kind, ValuePtr, crate::tag::Tagging)> = Vec::new();
     let mut off = u64::from(pos.offset);
     'segments: loop {
         let mut reader = reader_log.reader(pos.seg);
@@ -345,9 +345,9 @@ fn replay(
                         value_crc: record::value_crc(rec.value),
                     };
                     let tag = if kind == Kind::Put {
-                        crate::tag::tag_of(rec.value)
+                        crate::tag::Tagging::of(rec.value)
                     } else {
-                        None
+                        crate::tag::Tagging::Unknown
                     };
                     batch.push((
                         Bytes::copy_from_slice(rec.key),

@@ -36,12 +36,31 @@ pub fn tag_of(value: &[u8]) -> Option<Tag> {
     Tag::try_from(&value[1..=TAG_LEN]).ok()
 }
 
+/// What an index entry knows of its value's tag.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tagging {
+    /// Not known: a delete, or an entry written before tags.
+    #[default]
+    Unknown,
+    /// The value has no tag (its first byte is not [`TAG_MAGIC`], or it is
+    /// too short).
+    Untagged,
+    /// The value's tag.
+    Tagged(Tag),
+}
+
+impl Tagging {
+    /// What `value`'s entry records.
+    pub fn of(value: &[u8]) -> Tagging {
+        tag_of(value).map_or(Tagging::Untagged, Tagging::Tagged)
+    }
+}
+
 /// What the index knows of a key's current value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ValueMeta {
-    /// The value's tag, when it has one and its entry kept it (entries
-    /// written before tags did not: `None` then says nothing).
-    pub tag: Option<Tag>,
+    /// What the entry knows of the value's tag.
+    pub tag: Tagging,
     /// CRC32C of the value bytes.
     pub value_crc: u32,
     /// Length of the value in bytes.
@@ -108,13 +127,13 @@ impl<'a> Current<'a> {
         !matches!(self.state, State::Absent)
     }
 
-    /// The value's tag, when known without reading it: `None` for an absent
-    /// key, a value without a tag, or an entry that did not keep it.
-    pub fn tag(&self) -> Option<Tag> {
+    /// What is known of the value's tag without reading it (`Unknown` for
+    /// an absent key, or an entry that did not record it).
+    pub fn tag(&self) -> Tagging {
         match &self.state {
-            State::Absent => None,
+            State::Absent => Tagging::Unknown,
             State::Stored(m) => m.tag,
-            State::Value(v) => tag_of(v),
+            State::Value(v) => Tagging::of(v),
         }
     }
 

@@ -110,9 +110,9 @@ pub struct Entry {
     pub kind: Kind,
     /// Value location (meaningless for deletes).
     pub ptr: ValuePtr,
-    /// The value's tag, kept beside the pointer (see `tag.rs`); `None` for
-    /// deletes, values without one, and entries written before tags.
-    pub tag: Option<crate::tag::Tag>,
+    /// What the entry knows of its value's tag (see `tag.rs`): `Unknown`
+    /// for deletes and entries written before tags.
+    pub tag: crate::tag::Tagging,
 }
 
 /// Orders entries as the LSM-tree does: key ascending, then newest first.

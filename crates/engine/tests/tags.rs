@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use common::*;
 use engine::flash::LossMode;
-use engine::{BatchOp, Durability, Options, TAG_LEN, TAG_MAGIC};
+use engine::{BatchOp, Durability, Options, Tagging, TAG_LEN, TAG_MAGIC};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -28,8 +28,12 @@ fn value(rng: &mut SmallRng, version: u64) -> Vec<u8> {
     v
 }
 
-fn expected_tag(v: &[u8]) -> Option<[u8; TAG_LEN]> {
-    (v.len() > TAG_LEN && v[0] == TAG_MAGIC).then(|| v[1..=TAG_LEN].try_into().expect("9 bytes"))
+fn expected_tag(v: &[u8]) -> Tagging {
+    if v.len() > TAG_LEN && v[0] == TAG_MAGIC {
+        Tagging::Tagged(v[1..=TAG_LEN].try_into().expect("9 bytes"))
+    } else {
+        Tagging::Untagged
+    }
 }
 
 fn check(db: &engine::Db, model: &BTreeMap<Vec<u8>, Vec<u8>>, keys: &[Vec<u8>], when: &str) {
@@ -123,7 +127,10 @@ fn tag_decisions_read_no_values() {
                 return Ok(false);
             };
             let mine = newer_version(v[1..=TAG_LEN].try_into().expect("tag"));
-            Ok(cur.tag().is_none_or(|t| newer_version(t) < mine))
+            Ok(match cur.tag() {
+                Tagging::Tagged(t) => newer_version(t) < mine,
+                _ => true,
+            })
         })
         .expect("conditional")
     });

@@ -18,7 +18,7 @@
 //! no value when the engine's index kept the copy's tag.
 
 use bytes::Bytes;
-use engine::BatchOp;
+use engine::{BatchOp, Tagging};
 use protocol::versioned::{cmp_stored, encode_tombstone, encode_value, version_of, version_of_tag};
 use protocol::Reply;
 
@@ -104,8 +104,14 @@ fn write(state: &NodeState, ops: &[BatchOp]) -> engine::Result<Vec<bool>> {
         if !current.exists() {
             return Ok(true);
         }
-        if let (Some(tag), Some(len)) = (current.tag(), current.len()) {
-            let (mine, theirs) = (version_of(new), version_of_tag(&tag, len));
+        let theirs = match (current.tag(), current.len()) {
+            (Tagging::Tagged(tag), Some(len)) => Some(version_of_tag(&tag, len)),
+            // A value without the versioned header is version 0.
+            (Tagging::Untagged, _) => Some(0),
+            _ => None,
+        };
+        if let Some(theirs) = theirs {
+            let mine = version_of(new);
             if mine != theirs {
                 return Ok(mine > theirs);
             }
@@ -125,10 +131,10 @@ pub fn vmeta(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             continue;
         };
         let version = match meta.tag {
-            Some(tag) => version_of_tag(&tag, meta.value_len as usize),
-            // No tag kept (a plain value, or an entry older than tags):
-            // the version is in the value.
-            None => match state.db.get(key)? {
+            Tagging::Tagged(tag) => version_of_tag(&tag, meta.value_len as usize),
+            Tagging::Untagged => 0,
+            // An entry older than tags: the version is in the value.
+            Tagging::Unknown => match state.db.get(key)? {
                 Some(v) => version_of(&v),
                 None => {
                     out.push(Reply::Null);

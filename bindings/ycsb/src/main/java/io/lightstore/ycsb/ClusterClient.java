@@ -61,7 +61,7 @@ public final class ClusterClient implements AutoCloseable {
   }
 
   private enum Cmd implements ProtocolCommand {
-    VSET, VDEL, MGET, RANGE, PING, HINT;
+    VSET, VDEL, MGET, VMETA, RANGE, PING, HINT;
 
     private final byte[] raw = name().getBytes(StandardCharsets.US_ASCII);
 
@@ -154,45 +154,6 @@ public final class ClusterClient implements AutoCloseable {
       conns[node] = new Jedis(raw[node]);
     }
     return conns[node];
-  }
-
-  /**
-   * One MGET per job ({@code node -> keys}) on every node at once: all requests
-   * are written first, then the replies read in turn, so the nodes work in
-   * parallel without a thread per node. Each result is the list of stored
-   * copies, a {@link NodeDown}, or the {@link RuntimeException} the reply raised.
-   */
-  private List<Object> mgetAll(List<java.util.Map.Entry<Integer, List<byte[]>>> jobs) {
-    Object[] results = new Object[jobs.size()];
-    for (int j = 0; j < jobs.size(); j++) {
-      int node = jobs.get(j).getKey();
-      try {
-        conn(node);
-        raw[node].send(Cmd.MGET, jobs.get(j).getValue().toArray(new byte[0][]));
-      } catch (JedisConnectionException e) {
-        results[j] = down(node, e);
-      }
-    }
-    for (int j = 0; j < jobs.size(); j++) {
-      if (results[j] != null) {
-        continue;
-      }
-      int node = jobs.get(j).getKey();
-      try {
-        Object reply = raw[node].getOne();
-        downUntil[node] = 0;
-        List<byte[]> out = new ArrayList<>(jobs.get(j).getValue().size());
-        for (Object o : (List<?>) reply) {
-          out.add(o instanceof byte[] b ? b : null);
-        }
-        results[j] = out;
-      } catch (JedisConnectionException e) {
-        results[j] = down(node, e);
-      } catch (RuntimeException e) {
-        results[j] = e;
-      }
-    }
-    return Arrays.asList(results);
   }
 
   /** Marks a node down after its connection broke; the exception to report. */
@@ -533,19 +494,35 @@ public final class ClusterClient implements AutoCloseable {
     return results;
   }
 
+  /** What one replica answered for a key: its copy, or its copy's digest. */
+  private record Answer(int node, boolean isCopy, byte[] copy, boolean has, long version,
+      long crc) {
+    static Answer copy(int node, byte[] copy) {
+      return new Answer(node, true, copy, copy != null, 0, 0);
+    }
+  }
+
+  /** Keys asked of one node: copies (MGET) and digests (VMETA). */
+  private static final class Ask {
+    final List<Integer> copies = new ArrayList<>();
+    final List<Integer> digests = new ArrayList<>();
+  }
+
   /**
    * The newest stored copy (tombstones included) of each key over its read
-   * replicas, as the Rust client's read.rs does it: one MGET per node, nodes
-   * in parallel, a failed node's keys asked of their next replica; then every
-   * replica that answered an older copy (or none, unless the newest is a
-   * deletion) is given the newest one.
+   * replicas, as the Rust client's read.rs does it: the first replica in read
+   * order sends the copy (MGET), the others only its digest (VMETA: version,
+   * CRC32C), nodes in parallel; a failed node's keys are asked of the next
+   * replica; a digest newer than the copy, or different at the same version,
+   * is fetched; then every replica found behind is given the newest copy.
    */
   private List<byte[]> readStored(List<byte[]> keys) throws ClusterException {
     int n = keys.size();
     int[][] orders = new int[n][];
     int[] next = new int[n];
     int[] wanted = new int[n];
-    List<List<Object[]>> answers = new ArrayList<>(n);
+    boolean[] hasCopy = new boolean[n];
+    List<List<Answer>> answers = new ArrayList<>(n);
     List<Integer> pending = new ArrayList<>(n);
     for (int k = 0; k < n; k++) {
       orders[k] = readOrder(keys.get(k));
@@ -555,67 +532,56 @@ public final class ClusterClient implements AutoCloseable {
     }
     String last = "no replica";
     while (!pending.isEmpty()) {
-      java.util.Map<Integer, List<Integer>> groups = new java.util.TreeMap<>();
+      java.util.Map<Integer, Ask> asks = new java.util.TreeMap<>();
       for (int k : pending) {
-        for (int asked = 0; answers.get(k).size() + asked < wanted[k] && next[k] < orders[k].length;
-            asked++) {
-          groups.computeIfAbsent(orders[k][next[k]++], x -> new ArrayList<>()).add(k);
+        boolean copyAsked = hasCopy[k];
+        for (int asked = 0; (answers.get(k).size() + asked < wanted[k] || !copyAsked)
+            && next[k] < orders[k].length; asked++) {
+          Ask ask = asks.computeIfAbsent(orders[k][next[k]++], x -> new Ask());
+          if (copyAsked) {
+            ask.digests.add(k);
+          } else {
+            ask.copies.add(k);
+            copyAsked = true;
+          }
         }
       }
-      if (groups.isEmpty()) {
+      if (asks.isEmpty()) {
         break;
       }
-      List<java.util.Map.Entry<Integer, List<Integer>>> jobs = new ArrayList<>(groups.entrySet());
-      List<java.util.Map.Entry<Integer, List<byte[]>>> requests = new ArrayList<>();
-      for (java.util.Map.Entry<Integer, List<Integer>> job : jobs) {
-        List<byte[]> ks = new ArrayList<>();
-        for (int i : job.getValue()) {
-          ks.add(keys.get(i));
-        }
-        requests.add(java.util.Map.entry(job.getKey(), ks));
-      }
-      List<Object> results = mgetAll(requests);
       pending.clear();
-      for (int j = 0; j < jobs.size(); j++) {
-        int node = jobs.get(j).getKey();
-        List<Integer> idx = jobs.get(j).getValue();
-        Object r = results.get(j);
-        if (r instanceof List<?> vals) {
-          for (int i = 0; i < idx.size(); i++) {
-            answers.get(idx.get(i)).add(new Object[] {node, vals.get(i)});
+      for (java.util.Map.Entry<Integer, Object> r : askAll(keys, asks).entrySet()) {
+        int node = r.getKey();
+        Ask ask = asks.get(node);
+        if (r.getValue() instanceof List<?> got) {
+          for (Object o : got) {
+            Answer a = (Answer) o;
+            answers.get(a.node()).add(new Answer(node, a.isCopy(), a.copy(), a.has(), a.version(),
+                a.crc()));
+            hasCopy[a.node()] |= a.isCopy();
           }
-        } else if (r instanceof NodeDown d) {
+        } else if (r.getValue() instanceof NodeDown d) {
           last = d.getMessage();
-          pending.addAll(idx);
+          pending.addAll(ask.copies);
+          pending.addAll(ask.digests);
         } else {
-          throw new ClusterException("node " + nodes.get(node) + ": " + r);
+          throw new ClusterException("node " + nodes.get(node) + ": " + r.getValue());
         }
       }
+      pending.removeIf(k -> next[k] >= orders[k].length);
       pending = new ArrayList<>(new java.util.TreeSet<>(pending));
     }
-    int needed = Math.max(1, readQuorum);
+    checkAnswered(answers, orders, last);
+    fetchNewerCopies(keys, answers);
+    checkAnswered(answers, orders, last);
     java.util.Map<Integer, List<byte[][]>> repairs = new java.util.TreeMap<>();
     List<byte[]> out = new ArrayList<>(n);
     for (int k = 0; k < n; k++) {
-      List<Object[]> got = answers.get(k);
-      if (got.size() < Math.min(needed, orders[k].length)) {
-        throw new ClusterException(got.size() + " of the " + orders[k].length
-            + " replicas of a key answered, the read needs " + needed + ": " + last);
-      }
-      byte[] best = null;
-      for (Object[] a : got) {
-        byte[] s = (byte[]) a[1];
-        if (s != null && (best == null || Versioned.compareStored(s, best) > 0)) {
-          best = s;
-        }
-      }
+      byte[] best = newestCopy(answers.get(k));
       if (best != null) {
-        for (Object[] a : got) {
-          byte[] s = (byte[]) a[1];
-          boolean behind = s == null ? Versioned.decode(best).value != null
-              : Versioned.compareStored(s, best) < 0;
-          if (behind) {
-            repairs.computeIfAbsent((Integer) a[0], x -> new ArrayList<>())
+        for (Answer a : answers.get(k)) {
+          if (isBehind(a, best)) {
+            repairs.computeIfAbsent(a.node(), x -> new ArrayList<>())
                 .add(new byte[][] {keys.get(k), best});
           }
         }
@@ -624,6 +590,156 @@ public final class ClusterClient implements AutoCloseable {
     }
     if (!repairs.isEmpty()) {
       readRepair(repairs);
+    }
+    return out;
+  }
+
+  private void checkAnswered(List<List<Answer>> answers, int[][] orders, String last)
+      throws ClusterException {
+    int needed = Math.max(1, readQuorum);
+    for (int k = 0; k < answers.size(); k++) {
+      int got = answers.get(k).size();
+      if (got == 0 || got < Math.min(needed, orders[k].length)) {
+        throw new ClusterException(got + " of the " + orders[k].length
+            + " replicas of a key answered, the read needs " + needed + ": " + last);
+      }
+    }
+  }
+
+  /** The newest copy among the answers that sent one. */
+  private static byte[] newestCopy(List<Answer> answers) {
+    byte[] best = null;
+    for (Answer a : answers) {
+      if (a.isCopy() && a.copy() != null
+          && (best == null || Versioned.compareStored(a.copy(), best) > 0)) {
+        best = a.copy();
+      }
+    }
+    return best;
+  }
+
+  /** Whether a replica that answered {@code a} should be given {@code best}. */
+  private static boolean isBehind(Answer a, byte[] best) {
+    if (!a.has()) {
+      return Versioned.decode(best).value != null;
+    }
+    if (a.isCopy()) {
+      return Versioned.compareStored(a.copy(), best) < 0;
+    }
+    return Long.compareUnsigned(a.version(), Versioned.decode(best).version) < 0;
+  }
+
+  private static long crc32c(byte[] b) {
+    java.util.zip.CRC32C c = new java.util.zip.CRC32C();
+    c.update(b);
+    return c.getValue();
+  }
+
+  /** Replaces digests newer than the newest copy (or different at its version) by copies. */
+  private void fetchNewerCopies(List<byte[]> keys, List<List<Answer>> answers)
+      throws ClusterException {
+    java.util.Map<Integer, Ask> asks = new java.util.TreeMap<>();
+    for (int k = 0; k < answers.size(); k++) {
+      byte[] best = newestCopy(answers.get(k));
+      long bestVersion = best == null ? 0 : Versioned.decode(best).version;
+      for (Answer a : answers.get(k)) {
+        if (a.isCopy() || !a.has()) {
+          continue;
+        }
+        int cmp = Long.compareUnsigned(a.version(), bestVersion);
+        if (best == null || cmp > 0 || (cmp == 0 && a.crc() != crc32c(best))) {
+          asks.computeIfAbsent(a.node(), x -> new Ask()).copies.add(k);
+        }
+      }
+    }
+    if (asks.isEmpty()) {
+      return;
+    }
+    for (java.util.Map.Entry<Integer, Object> r : askAll(keys, asks).entrySet()) {
+      int node = r.getKey();
+      if (r.getValue() instanceof List<?> got) {
+        for (Object o : got) {
+          Answer a = (Answer) o;
+          List<Answer> list = answers.get(a.node());
+          list.removeIf(x -> x.node() == node);
+          list.add(Answer.copy(node, a.copy()));
+        }
+      } else if (r.getValue() instanceof NodeDown) {
+        for (int k : asks.get(node).copies) {
+          answers.get(k).removeIf(x -> x.node() == node);
+        }
+      } else {
+        throw new ClusterException("node " + nodes.get(node) + ": " + r.getValue());
+      }
+    }
+  }
+
+  /**
+   * Sends every node its asks (MGET, then VMETA, on one connection) before
+   * reading any reply, so the nodes work in parallel without a thread per
+   * node. Per node: a list of answers whose {@code node} field holds the key
+   * index, a {@link NodeDown}, or the exception the reply raised.
+   */
+  private java.util.Map<Integer, Object> askAll(List<byte[]> keys, java.util.Map<Integer, Ask> asks) {
+    java.util.Map<Integer, Object> results = new java.util.TreeMap<>();
+    for (java.util.Map.Entry<Integer, Ask> e : asks.entrySet()) {
+      int node = e.getKey();
+      try {
+        conn(node);
+        if (!e.getValue().copies.isEmpty()) {
+          raw[node].send(Cmd.MGET, select(keys, e.getValue().copies));
+        }
+        if (!e.getValue().digests.isEmpty()) {
+          raw[node].send(Cmd.VMETA, select(keys, e.getValue().digests));
+        }
+      } catch (JedisConnectionException ex) {
+        results.put(node, down(node, ex));
+      }
+    }
+    for (java.util.Map.Entry<Integer, Ask> e : asks.entrySet()) {
+      int node = e.getKey();
+      if (results.containsKey(node)) {
+        continue;
+      }
+      Ask ask = e.getValue();
+      try {
+        List<Answer> got = new ArrayList<>();
+        if (!ask.copies.isEmpty()) {
+          List<?> vals = (List<?>) raw[node].getOne();
+          for (int i = 0; i < ask.copies.size(); i++) {
+            got.add(Answer.copy(ask.copies.get(i), vals.get(i) instanceof byte[] b ? b : null));
+          }
+        }
+        if (!ask.digests.isEmpty()) {
+          List<?> metas = (List<?>) raw[node].getOne();
+          for (int i = 0; i < ask.digests.size(); i++) {
+            int k = ask.digests.get(i);
+            if (metas.get(i) instanceof List<?> f) {
+              long version = Long.parseUnsignedLong(
+                  new String((byte[]) f.get(0), StandardCharsets.US_ASCII));
+              got.add(new Answer(k, false, null, true, version, (Long) f.get(1)));
+            } else {
+              got.add(new Answer(k, false, null, false, 0, 0));
+            }
+          }
+        }
+        downUntil[node] = 0;
+        results.put(node, got);
+      } catch (JedisConnectionException ex) {
+        results.put(node, down(node, ex));
+      } catch (RuntimeException ex) {
+        // An error reply leaves the rest of the pipeline unread: start over.
+        closeConn(node);
+        results.put(node, ex);
+      }
+    }
+    return results;
+  }
+
+  private static byte[][] select(List<byte[]> keys, List<Integer> idx) {
+    byte[][] out = new byte[idx.size()][];
+    for (int i = 0; i < idx.size(); i++) {
+      out[i] = keys.get(idx.get(i));
     }
     return out;
   }
