@@ -69,19 +69,29 @@ impl Conn {
     /// Sends several requests in one write and reads all their replies, in
     /// order. Error replies are returned as [`Reply::Error`], not as errors.
     pub fn pipeline<R: AsRef<[A]>, A: AsRef<[u8]>>(&mut self, reqs: &[R]) -> Result<Vec<Reply>> {
+        self.send(reqs)?;
+        self.receive(reqs.len())
+    }
+
+    /// Sends requests without reading their replies: [`Conn::receive`]
+    /// reads them later, so the caller can work while the node does.
+    pub fn send<R: AsRef<[A]>, A: AsRef<[u8]>>(&mut self, reqs: &[R]) -> Result<()> {
         let mut out = BytesMut::new();
         for r in reqs {
             encode_request(r.as_ref(), &mut out);
         }
-        let deadline = Instant::now() + self.timeout;
         self.stream
             .set_write_timeout(Some(self.timeout))
             .map_err(|e| self.io(e))?;
-        if let Err(e) = self.stream.write_all(&out) {
-            return Err(self.io(e));
-        }
-        let mut replies = Vec::with_capacity(reqs.len());
-        while replies.len() < reqs.len() {
+        self.stream.write_all(&out).map_err(|e| self.io(e))
+    }
+
+    /// Reads the replies of `n` requests sent before, in order, within the
+    /// call timeout. Error replies are returned as [`Reply::Error`].
+    pub fn receive(&mut self, n: usize) -> Result<Vec<Reply>> {
+        let deadline = Instant::now() + self.timeout;
+        let mut replies = Vec::with_capacity(n);
+        while replies.len() < n {
             replies.push(self.read_reply(deadline)?);
         }
         Ok(replies)

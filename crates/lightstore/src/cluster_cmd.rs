@@ -71,6 +71,20 @@ enum Action {
     Get { key: String },
     /// Delete a key.
     Del { key: String },
+    /// Write COUNT keys PREFIX000000000000.. of VALUE_SIZE bytes through the
+    /// client (batches per thread), then print the time and rate.
+    Load {
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+        #[arg(long, default_value_t = 8192, value_parser = server::parse_size)]
+        value_size: u64,
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        #[arg(long, default_value_t = 8)]
+        threads: u64,
+        #[arg(long, default_value = "load:")]
+        prefix: String,
+    },
     /// Print keys and values with start <= key < end ("" = unbounded), in order.
     Range {
         start: String,
@@ -116,6 +130,20 @@ pub fn run(args: ClusterArgs) -> Result<(), Box<dyn std::error::Error>> {
             cluster.delete(key.as_bytes())?;
             println!("OK");
         }
+        Action::Load {
+            count,
+            value_size,
+            batch,
+            threads,
+            prefix,
+        } => load(
+            &cluster,
+            count,
+            value_size,
+            batch.max(1),
+            threads.max(1),
+            &prefix,
+        )?,
         Action::Range { start, end, limit } => {
             for (k, v) in cluster.range(start.as_bytes(), end.as_bytes(), limit)? {
                 println!(
@@ -126,6 +154,48 @@ pub fn run(args: ClusterArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    Ok(())
+}
+
+/// `cluster load`: thread `t` writes keys `t, t + threads, ...` in batches.
+fn load(
+    cluster: &Cluster,
+    count: u64,
+    value_size: u64,
+    batch: usize,
+    threads: u64,
+    prefix: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let value = vec![b'v'; usize::try_from(value_size)?];
+    let start = std::time::Instant::now();
+    let failed = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (value, failed) = (&value, &failed);
+            s.spawn(move || {
+                let keys: Vec<u64> = (t..count).step_by(threads as usize).collect();
+                for chunk in keys.chunks(batch) {
+                    let pairs: Vec<(String, &[u8])> = chunk
+                        .iter()
+                        .map(|i| (format!("{prefix}{i:012}"), &value[..]))
+                        .collect();
+                    if let Err(e) = cluster.mset(&pairs) {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(format!("load failed: {e}").into());
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "loaded {count} keys of {value_size} bytes in {secs:.2} s: {:.0} keys/s, {:.1} MiB/s",
+        count as f64 / secs,
+        (count * value_size) as f64 / secs / f64::from(1 << 20)
+    );
     Ok(())
 }
 

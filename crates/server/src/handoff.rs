@@ -7,8 +7,9 @@
 //! it reads this node's copies of the batch's keys, sends them to the
 //! target as `VSET`/`VDEL` at the versions they carry (the target only ever
 //! moves a key forward, so a late or repeated delivery is harmless), and
-//! then deletes each hint whose version is not newer than the copy sent (a
-//! hint raised meanwhile stays for the next round). A target that cannot
+//! once the target has answered deletes each hint whose version is not
+//! newer than the copy sent (a hint raised meanwhile stays for the next
+//! round). One batch is in flight while the next one's copies are read. A target that cannot
 //! be reached or refuses is skipped until the next round; rounds run every
 //! [`ROUND`], or at once when a `HINT` arrives.
 //!
@@ -25,14 +26,17 @@ use client::Conn;
 use engine::BatchOp;
 use protocol::versioned::Versioned;
 
-use crate::hints::{after_target, hint_version, hints_end, hints_start, parse_hint_key};
+use crate::hints::{after_target, hints_end, hints_start, parse_hint_key};
 use crate::state::NodeState;
 
-/// Time between rounds when nothing wakes the thread.
-const ROUND: Duration = Duration::from_secs(1);
+/// Time between rounds when nothing wakes the thread: how soon a node that
+/// answers again starts getting its writes.
+const ROUND: Duration = Duration::from_millis(250);
 /// Hints read per batch, and most copy bytes sent in one batch.
-const BATCH_HINTS: usize = 256;
-const BATCH_BYTES: usize = 8 << 20;
+const BATCH_HINTS: usize = 1024;
+const BATCH_BYTES: usize = 16 << 20;
+/// Batches sent to a target before the oldest one's replies are read.
+const IN_FLIGHT: usize = 2;
 /// Timeouts of the connection to a target.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,56 +67,124 @@ fn run(state: &NodeState) {
     }
 }
 
-/// One pass over every hint.
+/// One pass over every hint, target by target.
 fn round(state: &NodeState, conns: &mut HashMap<Vec<u8>, Conn>) -> engine::Result<()> {
     let end = hints_end();
     let mut start = hints_start();
     while !stopping(state) {
-        let batch = state.db.scan(&start, &end, BATCH_HINTS)?;
-        let Some((first, _)) = batch.first() else {
+        let Some(first) = state.db.scan_keys(&start, &end, 1)?.pop() else {
             return Ok(());
         };
-        let Some((target, _)) = parse_hint_key(first) else {
+        let Some((target, _)) = parse_hint_key(&first) else {
             // Not a hint key: clear it, it can never be delivered.
-            state.db.delete(first)?;
+            state.db.delete(&first)?;
             continue;
         };
         let target = target.to_vec();
-        let mine: Vec<(Bytes, Bytes)> = batch
-            .into_iter()
-            .take_while(|(k, _)| parse_hint_key(k).is_some_and(|(t, _)| t == target))
-            .collect();
         let name = String::from_utf8_lossy(&target).into_owned();
-        match deliver(state, conns, &target, &mine) {
-            Ok(last) => {
-                start = last.to_vec();
-                start.push(0);
-            }
-            Err(why) => {
-                conns.remove(&target);
-                let mut errors = state.hints.last_error.lock();
-                if errors.get(&name) != Some(&why) {
-                    tracing::info!(target = %name, reason = %why, "hinted writes wait for their node");
-                }
-                errors.insert(name, why);
-                start = after_target(&target);
-            }
+        let (began, delivered) = (
+            std::time::Instant::now(),
+            state
+                .hints
+                .delivered
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let outcome = deliver_target(state, conns, &target, first.to_vec());
+        let n = state
+            .hints
+            .delivered
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - delivered;
+        if n > 0 {
+            tracing::info!(target = %name, writes = n, seconds = began.elapsed().as_secs_f64(), "handed off missed writes");
         }
+        if let Err(why) = outcome {
+            conns.remove(&target);
+            let mut errors = state.hints.last_error.lock();
+            if errors.get(&name) != Some(&why) {
+                tracing::info!(target = %name, reason = %why, "hinted writes wait for their node");
+            }
+            errors.insert(name, why);
+        }
+        start = after_target(&target);
     }
     Ok(())
 }
 
-/// Delivers `hints` (all for `target`, in key order, at least one) as far
-/// as [`BATCH_BYTES`] allows; the last hint key handled, or why not.
-fn deliver<'h>(
+/// A batch of hints for one target, its copies sent, its replies awaited.
+struct InFlight {
+    /// The hint keys and, per hint, the version sent (`u64::MAX`: no copy
+    /// left to send, the hint is just cleared).
+    settled: Vec<(Bytes, u64)>,
+    /// Requests sent (their replies to read).
+    requests: usize,
+}
+
+/// Delivers every hint for `target` from `start` on, in batches, with up
+/// to [`IN_FLIGHT`] batches in flight: the next batch's copies are read
+/// from this node while the target stores the previous ones.
+fn deliver_target(
     state: &NodeState,
     conns: &mut HashMap<Vec<u8>, Conn>,
     target: &[u8],
-    hints: &'h [(Bytes, Bytes)],
-) -> Result<&'h Bytes, String> {
+    mut start: Vec<u8>,
+) -> Result<(), String> {
+    let end = after_target(target);
+    let mut in_flight: std::collections::VecDeque<InFlight> = Default::default();
+    loop {
+        let hints = if stopping(state) {
+            Vec::new()
+        } else {
+            state
+                .db
+                .scan_keys(&start, &end, BATCH_HINTS)
+                .map_err(|e| format!("listing hints: {e}"))?
+        };
+        let next = if hints.is_empty() {
+            None
+        } else {
+            Some(prepare(state, &hints)?)
+        };
+        let Some((batch, reqs)) = next else {
+            while let Some(done) = in_flight.pop_front() {
+                finish(state, conns, target, done)?;
+            }
+            return Ok(());
+        };
+        if in_flight.len() >= IN_FLIGHT {
+            if let Some(done) = in_flight.pop_front() {
+                finish(state, conns, target, done)?;
+            }
+        }
+        if let Some((last, _)) = batch.last() {
+            start = last.to_vec();
+            start.push(0);
+        }
+        let requests = reqs.len();
+        if requests > 0 {
+            connect(state, conns, target)?
+                .send(&reqs)
+                .map_err(|e| e.to_string())?;
+        }
+        in_flight.push_back(InFlight {
+            settled: batch,
+            requests,
+        });
+    }
+}
+
+/// Reads this node's copies of the keys `hints` name (as far as
+/// [`BATCH_BYTES`] allows, at least one) and builds the `VSET`/`VDEL`
+/// requests that hand them off: the hints covered with the versions sent,
+/// and the requests.
+#[allow(clippy::type_complexity)]
+fn prepare(
+    state: &NodeState,
+    hints: &[Bytes],
+) -> Result<(Vec<(Bytes, u64)>, Vec<Vec<Bytes>>), String> {
     let keys: Vec<&[u8]> = hints
         .iter()
-        .filter_map(|(h, _)| parse_hint_key(h).map(|(_, k)| k))
+        .map(|h| parse_hint_key(h).map_or(&h[..0], |(_, k)| k))
         .collect();
     let copies = state
         .db
@@ -120,17 +192,16 @@ fn deliver<'h>(
         .map_err(|e| format!("reading local copies: {e}"))?;
     let mut vset: Vec<Bytes> = vec![Bytes::from_static(b"VSET")];
     let mut vdel: Vec<Bytes> = vec![Bytes::from_static(b"VDEL")];
-    // (hint index, version sent) of each hint this batch settles.
-    let mut settled: Vec<(usize, u64)> = Vec::with_capacity(hints.len());
+    let mut settled = Vec::with_capacity(hints.len());
     let mut bytes = 0;
     for (i, copy) in copies.into_iter().enumerate() {
         if i > 0 && bytes >= BATCH_BYTES {
             break;
         }
         let key = Bytes::copy_from_slice(keys[i]);
-        let Some(copy) = copy else {
+        let Some(copy) = copy.filter(|_| !key.is_empty()) else {
             // No copy here any more (a plain DEL): nothing to hand off.
-            settled.push((i, u64::MAX));
+            settled.push((hints[i].clone(), u64::MAX));
             continue;
         };
         bytes += key.len() + copy.len();
@@ -140,32 +211,40 @@ fn deliver<'h>(
             Some(value) => vset.extend([key, version, value]),
             None => vdel.extend([key, version]),
         }
-        settled.push((i, v.version));
+        settled.push((hints[i].clone(), v.version));
     }
-    let reqs: Vec<Vec<Bytes>> = [vset, vdel].into_iter().filter(|r| r.len() > 1).collect();
-    if !reqs.is_empty() {
+    let reqs = [vset, vdel].into_iter().filter(|r| r.len() > 1).collect();
+    Ok((settled, reqs))
+}
+
+/// Reads a batch's replies and deletes its hints, each unless a newer
+/// hint for its key arrived meanwhile.
+fn finish(
+    state: &NodeState,
+    conns: &mut HashMap<Vec<u8>, Conn>,
+    target: &[u8],
+    done: InFlight,
+) -> Result<(), String> {
+    if done.requests > 0 {
         let conn = connect(state, conns, target)?;
-        let replies = conn.pipeline(&reqs).map_err(|e| e.to_string())?;
-        for r in replies {
+        for r in conn.receive(done.requests).map_err(|e| e.to_string())? {
             conn.check(r).map_err(|e| e.to_string())?;
         }
     }
-    let ops: Vec<BatchOp> = settled
+    let ops: Vec<BatchOp> = done
+        .settled
         .iter()
-        .map(|&(i, _)| BatchOp::Delete(hints[i].0.clone()))
+        .map(|(hint, _)| BatchOp::Delete(hint.clone()))
         .collect();
     let deleted = state
         .db
         .write_batch_if(&ops, |j, current| {
-            Ok(current
-                .value()?
-                .is_some_and(|c| hint_version(&c) <= settled[j].1))
+            Ok(current.exists() && crate::vcmd::stored_version(current)? <= done.settled[j].1)
         })
         .map_err(|e| format!("clearing delivered hints: {e}"))?;
     let n = deleted.iter().filter(|&&d| d).count() as u64;
     state.hints.delivered(&String::from_utf8_lossy(target), n);
-    let last = settled.last().map_or(0, |&(i, _)| i);
-    Ok(&hints[last].0)
+    Ok(())
 }
 
 /// A connection to `target`, opened (and authenticated with this node's

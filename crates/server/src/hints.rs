@@ -5,8 +5,10 @@
 //! a write some replica missed, before it acknowledges the write itself.
 //!
 //! A hint is a key of the reserved range (`reserved.rs`):
-//! `RESERVED "hint/" target 0x00 key`, holding the missed version as eight
-//! big-endian bytes. It is written like data (same engine, same durability)
+//! `RESERVED "hint/" target 0x00 key`, holding the missed version as an
+//! empty versioned value (`protocol::versioned`), so the engine's index
+//! keeps its version and comparing one reads no value. It is written like
+//! data (same engine, same durability)
 //! and only ever moves to a newer version, so it survives a crash of this
 //! node as the write it describes does. `handoff.rs` delivers this node's
 //! current copy of each hinted key to its target and then deletes the hint,
@@ -56,10 +58,9 @@ pub fn parse_hint_key(hint: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&rest[..nul], &rest[nul + 1..]))
 }
 
-/// The version a hint holds (0 for a malformed one, which any delivery
-/// then clears).
-pub fn hint_version(value: &[u8]) -> u64 {
-    <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes)
+/// The stored value of a hint for the write at `version`.
+pub fn hint_value(version: u64) -> Bytes {
+    protocol::versioned::encode_value(version, b"")
 }
 
 /// Most hints [`pending`] counts before it reports a lower bound.
@@ -155,14 +156,14 @@ pub fn hint(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         else {
             return Ok(Reply::err("version is not an unsigned 64-bit integer"));
         };
-        let value = Bytes::copy_from_slice(&version.to_be_bytes());
-        ops.push(BatchOp::Put(Bytes::from(hint_key(target, &pair[0])), value));
+        ops.push(BatchOp::Put(
+            Bytes::from(hint_key(target, &pair[0])),
+            hint_value(version),
+        ));
         versions.push(version);
     }
     let written = state.db.write_batch_if(&ops, |i, current| {
-        Ok(current
-            .value()?
-            .is_none_or(|c| hint_version(&c) < versions[i]))
+        Ok(crate::vcmd::stored_version(current)? < versions[i])
     })?;
     state.hints.wake();
     Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
@@ -185,7 +186,7 @@ mod tests {
         // A target that extends another's name sorts after all its hints.
         assert!(after_target(b"h:80") <= hint_key(b"h:8080", b""));
         assert_eq!(parse_hint_key(b"other"), None);
-        assert_eq!(hint_version(&7u64.to_be_bytes()), 7);
-        assert_eq!(hint_version(b"bad"), 0);
+        assert_eq!(protocol::versioned::version_of(&hint_value(7)), 7);
+        assert!(engine::Tagging::of(&hint_value(7)) != engine::Tagging::Untagged);
     }
 }

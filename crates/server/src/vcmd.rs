@@ -104,13 +104,7 @@ fn write(state: &NodeState, ops: &[BatchOp]) -> engine::Result<Vec<bool>> {
         if !current.exists() {
             return Ok(true);
         }
-        let theirs = match (current.tag(), current.len()) {
-            (Tagging::Tagged(tag), Some(len)) => Some(version_of_tag(&tag, len)),
-            // A value without the versioned header is version 0.
-            (Tagging::Untagged, _) => Some(0),
-            _ => None,
-        };
-        if let Some(theirs) = theirs {
+        if let Some(theirs) = indexed_version(current) {
             let mine = version_of(new);
             if mine != theirs {
                 return Ok(mine > theirs);
@@ -118,6 +112,30 @@ fn write(state: &NodeState, ops: &[BatchOp]) -> engine::Result<Vec<bool>> {
         }
         Ok(current.value()?.is_none_or(|c| cmp_stored(new, &c).is_gt()))
     })
+}
+
+/// The version of a key's stored copy as the index knows it (from the
+/// value's tag, or 0 for a value known to have none); `None` when only the
+/// value can tell (an entry older than tags) or the key is absent.
+pub fn indexed_version(current: &engine::Current<'_>) -> Option<u64> {
+    match (current.tag(), current.len()) {
+        (Tagging::Tagged(tag), Some(len)) => Some(version_of_tag(&tag, len)),
+        // A value without the versioned header is version 0.
+        (Tagging::Untagged, Some(_)) => Some(0),
+        _ => None,
+    }
+}
+
+/// The version of a key's stored copy (0 when absent), from the index when
+/// it knows, else from the value.
+pub fn stored_version(current: &mut engine::Current<'_>) -> engine::Result<u64> {
+    if !current.exists() {
+        return Ok(0);
+    }
+    match indexed_version(current) {
+        Some(v) => Ok(v),
+        None => Ok(current.value()?.map_or(0, |v| version_of(&v))),
+    }
 }
 
 /// `VMETA key [key ...]`.
