@@ -31,7 +31,7 @@ use crate::state::NodeState;
 
 /// Time between rounds when nothing wakes the thread: how soon a node that
 /// answers again starts getting its writes.
-const ROUND: Duration = Duration::from_millis(250);
+const ROUND: Duration = Duration::from_millis(100);
 /// Hints read per batch, and most copy bytes sent in one batch.
 const BATCH_HINTS: usize = 1024;
 const BATCH_BYTES: usize = 16 << 20;
