@@ -5,7 +5,8 @@
 //! reads from every replica that is up with the newest copy winning and
 //! read repair (see `read.rs`), failover, down-node detection with background retry, batches
 //! split per node and sent in parallel, ordered range reads merged across
-//! nodes, anti-entropy repair and cluster status. It talks RESP to nodes over
+//! nodes, anti-entropy repair and cluster status; [`Store`] is what the
+//! adapters build on, with an in-memory model ([`MemStore`]) for their tests. It talks RESP to nodes over
 //! pooled, timed-out TCP connections and knows nothing of the engine.
 
 #![deny(missing_docs)]
@@ -20,6 +21,7 @@ mod read;
 mod repair;
 pub mod ring;
 mod status;
+mod store;
 pub mod version;
 
 pub use cluster::Cluster;
@@ -28,3 +30,4 @@ pub use conn::Conn;
 pub use error::{ClientError, Result};
 pub use repair::RepairReport;
 pub use status::NodeStatus;
+pub use store::{MemStore, Store, WriteOp};

@@ -33,8 +33,17 @@ use crate::error::{ClientError, Result};
 enum Answer {
     /// Its copy (`None`: it has none).
     Copy(Option<Bytes>),
-    /// Its copy's version and CRC32C (`None`: it has none).
-    Digest(Option<(u64, u32)>),
+    /// What it holds of its copy (`None`: it has none).
+    Digest(Option<Digest>),
+}
+
+/// A replica's digest of its copy of a key (`VMETA`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Digest {
+    version: u64,
+    crc: u32,
+    /// The copy is a deletion's tombstone.
+    deleted: bool,
 }
 
 /// One key's read: the replicas to try, in order, and what they answered.
@@ -215,7 +224,7 @@ impl Cluster {
         node: usize,
         copies: &[&[u8]],
         digests: &[&[u8]],
-    ) -> Result<(Vec<Option<Bytes>>, Vec<Option<(u64, u32)>>)> {
+    ) -> Result<(Vec<Option<Bytes>>, Vec<Option<Digest>>)> {
         if digests.is_empty() {
             return Ok((self.mget_node(node, copies)?, Vec::new()));
         }
@@ -278,12 +287,7 @@ impl Cluster {
         }
     }
 
-    fn parse_digests(
-        &self,
-        node: usize,
-        reply: Reply,
-        n: usize,
-    ) -> Result<Vec<Option<(u64, u32)>>> {
+    fn parse_digests(&self, node: usize, reply: Reply, n: usize) -> Result<Vec<Option<Digest>>> {
         let Reply::Array(items) = &reply else {
             return Err(self.unexpected(node, "VMETA", &reply));
         };
@@ -295,10 +299,15 @@ impl Cluster {
             .map(|item| match item {
                 Reply::Null => Ok(None),
                 Reply::Array(f) => match f.as_slice() {
-                    [Reply::Bulk(v), Reply::Integer(crc), Reply::Integer(_)] => {
+                    [Reply::Bulk(v), Reply::Integer(crc), Reply::Integer(_), Reply::Integer(del)] =>
+                    {
                         let version = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
                         match (version, u32::try_from(*crc)) {
-                            (Some(version), Ok(crc)) => Ok(Some((version, crc))),
+                            (Some(version), Ok(crc)) => Ok(Some(Digest {
+                                version,
+                                crc,
+                                deleted: *del != 0,
+                            })),
                             _ => Err(self.unexpected(node, "VMETA", &reply)),
                         }
                     }
@@ -325,12 +334,12 @@ impl Cluster {
         for (k, r) in reads.iter().enumerate() {
             let best = newest_copy(&r.answers);
             for (node, a) in &r.answers {
-                if let Answer::Digest(Some((version, crc))) = a {
+                if let Answer::Digest(Some(d)) = a {
                     let newer = match &best {
                         None => true,
                         Some(b) => {
                             let bv = version_of(b);
-                            *version > bv || (*version == bv && *crc != crc32c::crc32c(b))
+                            d.version > bv || (d.version == bv && d.crc != crc32c::crc32c(b))
                         }
                     };
                     if newer {
@@ -386,6 +395,59 @@ impl Cluster {
         }
     }
 
+    /// Whether each key holds a value (deleted keys and tombstones do not),
+    /// by the newest digest (`VMETA`) among the replicas that are up:
+    /// answered from the nodes' indexes, no value is read or sent. The same
+    /// freshness as [`Cluster::mget`], without read repair.
+    pub fn exists(&self, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        let inner = &*self.inner;
+        let mut asks: BTreeMap<usize, NodeAsk> = BTreeMap::new();
+        for (k, key) in keys.iter().enumerate() {
+            let order = inner.read_order(key);
+            for &node in order.iter().take(inner.read_width(&order)) {
+                asks.entry(node).or_default().digests.push(k);
+            }
+        }
+        // Per key: `None` no answer yet, `Some(None)` no copy, else the
+        // newest digest.
+        let mut newest: Vec<Option<Option<Digest>>> = vec![None; keys.len()];
+        let mut failed: Vec<usize> = Vec::new();
+        for (_, ask, result) in self.ask_all(keys, asks) {
+            match result {
+                Ok(answers) => {
+                    for (k, a) in answers {
+                        let Answer::Digest(d) = a else { continue };
+                        let better = match (&newest[k], d) {
+                            (None, _) | (Some(None), Some(_)) => true,
+                            (Some(Some(cur)), Some(d)) => d.version > cur.version,
+                            _ => false,
+                        };
+                        if better {
+                            newest[k] = Some(d);
+                        }
+                    }
+                }
+                Err(e) if e.is_node_failure() => failed.extend(ask.digests),
+                Err(e) => return Err(e),
+            }
+        }
+        // Keys no replica answered for: read them the long way.
+        for k in failed {
+            if newest[k].is_none() {
+                let copy = self.mget_stored(&keys[k..=k])?.pop().flatten();
+                newest[k] = Some(copy.map(|c| Digest {
+                    version: version_of(&c),
+                    crc: 0,
+                    deleted: Versioned::decode(c).value.is_none(),
+                }));
+            }
+        }
+        Ok(newest
+            .into_iter()
+            .map(|d| d.flatten().is_some_and(|d| !d.deleted))
+            .collect())
+    }
+
     /// Copies this client has written back to replicas it found stale.
     pub fn read_repairs(&self) -> u64 {
         self.inner.read_repairs.load(Ordering::Relaxed)
@@ -414,7 +476,7 @@ fn is_behind(a: &Answer, best: &Bytes) -> bool {
         Answer::Copy(None) | Answer::Digest(None) => lacks(),
         // A digest newer than `best`, or equal in version but not in
         // bytes, was replaced by the replica's copy.
-        Answer::Digest(Some((version, _))) => *version < version_of(best),
+        Answer::Digest(Some(d)) => d.version < version_of(best),
     }
 }
 
@@ -471,8 +533,15 @@ mod tests {
             !is_behind(&Answer::Copy(None), &gone),
             "no copy, nothing to remove"
         );
-        assert!(is_behind(&Answer::Digest(Some((10, 0))), &new));
-        assert!(!is_behind(&Answer::Digest(Some((20, 0))), &new));
+        let digest = |version| {
+            Answer::Digest(Some(Digest {
+                version,
+                crc: 0,
+                deleted: false,
+            }))
+        };
+        assert!(is_behind(&digest(10), &new));
+        assert!(!is_behind(&digest(20), &new));
         assert!(is_behind(&Answer::Digest(None), &new));
         assert!(!is_behind(&Answer::Digest(None), &gone));
     }
@@ -482,7 +551,14 @@ mod tests {
         let answers = vec![
             (0, Answer::Copy(Some(encode_value(10, b"a")))),
             (1, Answer::Copy(Some(encode_value(12, b"b")))),
-            (2, Answer::Digest(Some((99, 1)))),
+            (
+                2,
+                Answer::Digest(Some(Digest {
+                    version: 99,
+                    crc: 1,
+                    deleted: false,
+                })),
+            ),
             (3, Answer::Copy(None)),
         ];
         assert_eq!(newest_copy(&answers), Some(encode_value(12, b"b")));

@@ -96,6 +96,12 @@ pub fn version_of_tag(tag: &[u8; HEADER_LEN - 1], len: usize) -> u64 {
     }
 }
 
+/// Whether a stored copy known by its tag and length (see
+/// [`version_of_tag`]) is a deletion's tombstone.
+pub fn is_tombstone_tag(tag: &[u8; HEADER_LEN - 1], len: usize) -> bool {
+    tag[0] == KIND_TOMBSTONE && len == HEADER_LEN
+}
+
 /// The total order of stored copies of one key: by version, then, between
 /// two copies of one version (two writers that picked the same version),
 /// by their bytes, so every replica and every reader picks the same winner
@@ -141,6 +147,11 @@ mod tests {
         for c in copies {
             let tag: [u8; 9] = c[1..10].try_into().expect("tag");
             assert_eq!(version_of_tag(&tag, c.len()), version_of(&c), "{c:?}");
+            assert_eq!(
+                is_tombstone_tag(&tag, c.len()),
+                header(&c).is_some_and(|(k, _)| k == KIND_TOMBSTONE),
+                "{c:?}"
+            );
         }
     }
 

@@ -12,14 +12,18 @@
 //! order, whatever order writes and repairs arrive in.
 //!
 //! `VMETA key [key ...]` answers, per key, what a replica holds without
-//! sending it: nil when absent, else `[version, crc32c, length]` of the
-//! stored copy (version as a decimal bulk string, the others integers).
+//! sending it: nil when absent, else `[version, crc32c, length, deleted]`
+//! of the stored copy (version as a decimal bulk string, the others
+//! integers; `deleted` is 1 for a versioned tombstone).
 //! Readers compare it with another replica's copy (digest reads). It reads
 //! no value when the engine's index kept the copy's tag.
 
 use bytes::Bytes;
 use engine::{BatchOp, Tagging};
-use protocol::versioned::{cmp_stored, encode_tombstone, encode_value, version_of, version_of_tag};
+use protocol::versioned::{
+    cmp_stored, encode_tombstone, encode_value, is_tombstone_tag, version_of, version_of_tag,
+    Versioned,
+};
 use protocol::Reply;
 
 use crate::cmd::{errors, Cmd};
@@ -148,12 +152,13 @@ pub fn vmeta(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             out.push(Reply::Null);
             continue;
         };
-        let version = match meta.tag {
-            Tagging::Tagged(tag) => version_of_tag(&tag, meta.value_len as usize),
-            Tagging::Untagged => 0,
+        let len = meta.value_len as usize;
+        let (version, deleted) = match meta.tag {
+            Tagging::Tagged(tag) => (version_of_tag(&tag, len), is_tombstone_tag(&tag, len)),
+            Tagging::Untagged => (0, false),
             // An entry older than tags: the version is in the value.
             Tagging::Unknown => match state.db.get(key)? {
-                Some(v) => version_of(&v),
+                Some(v) => (version_of(&v), Versioned::decode(v).value.is_none()),
                 None => {
                     out.push(Reply::Null);
                     continue;
@@ -164,6 +169,7 @@ pub fn vmeta(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             Reply::Bulk(Bytes::from(version.to_string())),
             Reply::Integer(i64::from(meta.value_crc)),
             Reply::Integer(i64::from(meta.value_len)),
+            Reply::Integer(i64::from(deleted)),
         ]));
     }
     Ok(Reply::Array(out))

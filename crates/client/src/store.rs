@@ -1,0 +1,153 @@
+//! What the adapters (block, file) need of a key-value store, as one trait
+//! with two implementations: the cluster ([`Cluster`]) and an in-memory
+//! model ([`MemStore`]), so adapter logic is tested fast without nodes and
+//! end to end with them.
+//!
+//! Contract (both implementations): a write that returned is seen by every
+//! later read of any caller; `write` is atomic per key (not across keys);
+//! `sync` returns once every write that returned before it is durable.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::cluster::Cluster;
+use crate::error::Result;
+
+/// One write of a batch: `Some(value)` stores, `None` deletes.
+pub type WriteOp<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// A key-value store as the adapters use it.
+pub trait Store: Send + Sync {
+    /// The values of `keys` (`None`: absent or deleted).
+    fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>>;
+    /// Whether each key holds a value, without reading values.
+    fn exists(&self, keys: &[&[u8]]) -> Result<Vec<bool>>;
+    /// Stores and deletes, each atomic per key.
+    fn write(&self, ops: &[WriteOp<'_>]) -> Result<()>;
+    /// Up to `limit` pairs with `start <= key < end` (empty `end`: no
+    /// bound), in key order.
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>>;
+    /// Makes every write that returned so far durable.
+    fn sync(&self) -> Result<()>;
+
+    /// The value of `key`.
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        Ok(self.mget(&[key])?.pop().flatten())
+    }
+    /// Stores `value` under `key`.
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.write(&[(key, Some(value))])
+    }
+    /// Deletes `key`.
+    fn delete(&self, key: &[u8]) -> Result<()> {
+        self.write(&[(key, None)])
+    }
+}
+
+impl Store for Cluster {
+    fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        Cluster::mget(self, keys)
+    }
+    fn exists(&self, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        Cluster::exists(self, keys)
+    }
+    fn write(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        self.inner.write(ops.to_vec())
+    }
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
+        Cluster::range(self, start, end, limit)
+    }
+    fn sync(&self) -> Result<()> {
+        Cluster::sync(self)
+    }
+}
+
+/// An in-memory [`Store`]: a sorted map behind a lock. Counts its calls, so
+/// adapter tests can check what reached the store.
+#[derive(Default)]
+pub struct MemStore {
+    map: Mutex<BTreeMap<Vec<u8>, Bytes>>,
+    /// Calls to `write` so far.
+    pub writes: AtomicU64,
+    /// Calls to `sync` so far.
+    pub syncs: AtomicU64,
+}
+
+impl MemStore {
+    /// An empty store.
+    pub fn new() -> MemStore {
+        MemStore::default()
+    }
+
+    /// Keys held now.
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.map.lock().is_empty()
+    }
+}
+
+impl Store for MemStore {
+    fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        let map = self.map.lock();
+        Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())
+    }
+    fn exists(&self, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        let map = self.map.lock();
+        Ok(keys.iter().map(|k| map.contains_key(*k)).collect())
+    }
+    fn write(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let mut map = self.map.lock();
+        for (k, v) in ops {
+            match v {
+                Some(v) => map.insert(k.to_vec(), Bytes::copy_from_slice(v)),
+                None => map.remove(*k),
+            };
+        }
+        Ok(())
+    }
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
+        let map = self.map.lock();
+        let upper = if end.is_empty() {
+            std::ops::Bound::Unbounded
+        } else {
+            std::ops::Bound::Excluded(end.to_vec())
+        };
+        Ok(map
+            .range((std::ops::Bound::Included(start.to_vec()), upper))
+            .take(limit)
+            .map(|(k, v)| (Bytes::copy_from_slice(k), v.clone()))
+            .collect())
+    }
+    fn sync(&self) -> Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_behaves_like_a_sorted_map() {
+        let s = MemStore::new();
+        s.write(&[(b"b", Some(b"2")), (b"a", Some(b"1")), (b"c", Some(b"3"))])
+            .expect("write");
+        s.delete(b"c").expect("delete");
+        assert_eq!(s.get(b"a").expect("get").as_deref(), Some(&b"1"[..]));
+        assert_eq!(s.exists(&[b"a", b"c"]).expect("exists"), [true, false]);
+        let r = s.range(b"a", b"", 10).expect("range");
+        assert_eq!(r.len(), 2);
+        assert_eq!(s.range(b"a", b"b", 10).expect("range").len(), 1);
+        s.sync().expect("sync");
+        assert_eq!(s.syncs.load(Ordering::Relaxed), 1);
+    }
+}
