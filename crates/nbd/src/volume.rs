@@ -1,0 +1,283 @@
+//! Volumes: named, sized block devices stored in the cluster. A volume's
+//! metadata is one key under the `{lightstore:volumes}` hash tag (so every
+//! volume's record lives on one replica set and listing them is one range
+//! read); its data is chunks keyed by `blk/`, the volume id and the chunk
+//! index, both big-endian, so a volume's chunks sort together and in order
+//! while the hash spreads them over the nodes.
+//!
+//! The record is text, one `name=value` per line: `id` (16 hex digits,
+//! random at creation), `size` and `chunk_size` (bytes), `created` (Unix
+//! seconds). Any adapter instance can open a volume by name.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use client::Store;
+
+use crate::error::{NbdError, Result};
+
+/// Prefix of every volume record.
+const META_PREFIX: &[u8] = b"{lightstore:volumes}/";
+/// Prefix of every chunk key.
+const CHUNK_PREFIX: &[u8] = b"blk/";
+/// Default chunk size (see the README's block section for the trade-off).
+pub const DEFAULT_CHUNK_SIZE: u32 = 64 << 10;
+/// Smallest and largest chunk sizes.
+const MIN_CHUNK: u32 = 4096;
+const MAX_CHUNK: u32 = 4 << 20;
+/// Longest volume name.
+const MAX_NAME: usize = 200;
+
+/// A volume's metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Volume {
+    /// Its name (the NBD export name).
+    pub name: String,
+    /// Random id in its chunk keys.
+    pub id: u64,
+    /// Size in bytes (a multiple of 512).
+    pub size: u64,
+    /// Bytes per chunk (a power of two).
+    pub chunk_size: u32,
+    /// Creation time, Unix seconds.
+    pub created: u64,
+}
+
+fn meta_key(name: &str) -> Vec<u8> {
+    [META_PREFIX, name.as_bytes()].concat()
+}
+
+/// The key of chunk `index` of volume `id`.
+pub fn chunk_key(id: u64, index: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(CHUNK_PREFIX.len() + 16);
+    k.extend_from_slice(CHUNK_PREFIX);
+    k.extend_from_slice(&id.to_be_bytes());
+    k.extend_from_slice(&index.to_be_bytes());
+    k
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(NbdError::BadVolume(format!(
+            "volume name {name:?}: use 1-{MAX_NAME} letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+fn check_size(size: u64) -> Result<()> {
+    if size == 0 || size % 512 != 0 {
+        return Err(NbdError::BadVolume(format!(
+            "volume size {size}: must be a positive multiple of 512 bytes"
+        )));
+    }
+    Ok(())
+}
+
+impl Volume {
+    fn encode(&self) -> String {
+        format!(
+            "id={:016x}\nsize={}\nchunk_size={}\ncreated={}\n",
+            self.id, self.size, self.chunk_size, self.created
+        )
+    }
+
+    fn decode(name: &str, text: &[u8]) -> Result<Volume> {
+        let bad = || NbdError::BadVolume(format!("volume {name}: unreadable record"));
+        let text = std::str::from_utf8(text).map_err(|_| bad())?;
+        let field = |f: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(f).and_then(|r| r.strip_prefix('=')))
+                .ok_or_else(bad)
+        };
+        Ok(Volume {
+            name: name.to_string(),
+            id: u64::from_str_radix(field("id")?, 16).map_err(|_| bad())?,
+            size: field("size")?.parse().map_err(|_| bad())?,
+            chunk_size: field("chunk_size")?.parse().map_err(|_| bad())?,
+            created: field("created")?.parse().map_err(|_| bad())?,
+        })
+    }
+
+    /// Number of chunks.
+    pub fn chunks(&self) -> u64 {
+        self.size.div_ceil(u64::from(self.chunk_size))
+    }
+}
+
+/// Creates volume `name` of `size` bytes. Fails if it exists. (Two
+/// adapters creating one name at the same moment may both succeed; the
+/// later record wins. Create volumes from one place.)
+pub fn create(store: &dyn Store, name: &str, size: u64, chunk_size: u32) -> Result<Volume> {
+    check_name(name)?;
+    check_size(size)?;
+    if !chunk_size.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
+        return Err(NbdError::BadVolume(format!(
+            "chunk size {chunk_size}: must be a power of two from {MIN_CHUNK} to {MAX_CHUNK}"
+        )));
+    }
+    if open(store, name)?.is_some() {
+        return Err(NbdError::BadVolume(format!("volume {name} exists")));
+    }
+    let vol = Volume {
+        name: name.to_string(),
+        id: random_id(),
+        size,
+        chunk_size,
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    store.put(&meta_key(name), vol.encode().as_bytes())?;
+    Ok(vol)
+}
+
+/// Volume `name`, if it exists.
+pub fn open(store: &dyn Store, name: &str) -> Result<Option<Volume>> {
+    check_name(name)?;
+    match store.get(&meta_key(name))? {
+        Some(text) => Ok(Some(Volume::decode(name, &text)?)),
+        None => Ok(None),
+    }
+}
+
+/// Every volume, by name.
+pub fn list(store: &dyn Store) -> Result<Vec<Volume>> {
+    let mut end = META_PREFIX.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    let mut out = Vec::new();
+    let mut start = META_PREFIX.to_vec();
+    loop {
+        let page = store.range(&start, &end, 1000)?;
+        for (k, v) in &page {
+            let name = String::from_utf8_lossy(&k[META_PREFIX.len()..]).into_owned();
+            out.push(Volume::decode(&name, v)?);
+        }
+        match page.last() {
+            Some((k, _)) if page.len() == 1000 => {
+                start = k.to_vec();
+                start.push(0);
+            }
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// Changes a volume's size. Shrinking deletes the chunks past the new end
+/// first, so growing again reads zeros there.
+pub fn resize(store: &dyn Store, name: &str, size: u64) -> Result<Volume> {
+    check_size(size)?;
+    let mut vol = open(store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
+    if size < vol.size {
+        let first_gone = size.div_ceil(u64::from(vol.chunk_size));
+        delete_chunks(store, vol.id, first_gone)?;
+        // The chunk holding the new end keeps bytes past it: zero them.
+        let tail = size % u64::from(vol.chunk_size);
+        if tail != 0 {
+            let key = chunk_key(vol.id, size / u64::from(vol.chunk_size));
+            if let Some(chunk) = store.get(&key)? {
+                let mut c = chunk.to_vec();
+                c[tail as usize..].fill(0);
+                store.put(&key, &c)?;
+            }
+        }
+    }
+    vol.size = size;
+    store.put(&meta_key(name), vol.encode().as_bytes())?;
+    Ok(vol)
+}
+
+/// Deletes a volume: its record, then its chunks.
+pub fn delete(store: &dyn Store, name: &str) -> Result<()> {
+    let vol = open(store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
+    store.delete(&meta_key(name))?;
+    delete_chunks(store, vol.id, 0)
+}
+
+/// Deletes the chunks of volume `id` from index `from` on.
+fn delete_chunks(store: &dyn Store, id: u64, from: u64) -> Result<()> {
+    let start = chunk_key(id, from);
+    let end = match id.checked_add(1) {
+        Some(next) => chunk_key(next, 0),
+        None => [CHUNK_PREFIX, &[0xff; 17]].concat(),
+    };
+    loop {
+        let page = store.range(&start, &end, 256)?;
+        if page.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<client::WriteOp<'_>> = page.iter().map(|(k, _)| (&k[..], None)).collect();
+        store.write(&ops)?;
+    }
+}
+
+fn random_id() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    xxhash_rust::xxh3::xxh3_64(
+        &[t.to_le_bytes(), u64::from(std::process::id()).to_le_bytes()].concat(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use client::MemStore;
+
+    #[test]
+    fn create_open_list_resize_delete() {
+        let s = MemStore::new();
+        let v = create(&s, "vol1", 1 << 20, DEFAULT_CHUNK_SIZE).expect("create");
+        assert_eq!(open(&s, "vol1").expect("open"), Some(v.clone()));
+        assert!(
+            create(&s, "vol1", 1 << 20, DEFAULT_CHUNK_SIZE).is_err(),
+            "exists"
+        );
+        assert!(create(&s, "bad name", 1 << 20, DEFAULT_CHUNK_SIZE).is_err());
+        assert!(
+            create(&s, "v2", 1000, DEFAULT_CHUNK_SIZE).is_err(),
+            "not 512-aligned"
+        );
+        assert!(
+            create(&s, "v2", 1 << 20, 3000).is_err(),
+            "chunk not a power of two"
+        );
+        create(&s, "v2", 2 << 20, 8192).expect("v2");
+        let names: Vec<String> = list(&s)
+            .expect("list")
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(names, ["v2", "vol1"]);
+        s.put(
+            &chunk_key(v.id, 15),
+            &vec![7u8; DEFAULT_CHUNK_SIZE as usize],
+        )
+        .expect("chunk");
+        s.put(&chunk_key(v.id, 1), &vec![7u8; DEFAULT_CHUNK_SIZE as usize])
+            .expect("chunk");
+        let small = resize(&s, "vol1", 100 << 10).expect("shrink");
+        assert_eq!(small.size, 100 << 10);
+        assert!(
+            s.get(&chunk_key(v.id, 15)).expect("get").is_none(),
+            "past the end: gone"
+        );
+        let kept = s
+            .get(&chunk_key(v.id, 1))
+            .expect("get")
+            .expect("chunk 1 kept");
+        let tail = (100 << 10) - DEFAULT_CHUNK_SIZE as usize;
+        assert!(kept[..tail].iter().all(|&b| b == 7) && kept[tail..].iter().all(|&b| b == 0));
+        delete(&s, "vol1").expect("delete");
+        assert_eq!(open(&s, "vol1").expect("open"), None);
+        assert!(s.get(&chunk_key(v.id, 1)).expect("get").is_none());
+    }
+}
