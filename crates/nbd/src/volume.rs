@@ -71,7 +71,7 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 fn check_size(size: u64) -> Result<()> {
-    if size == 0 || size % 512 != 0 {
+    if size == 0 || !size.is_multiple_of(512) {
         return Err(NbdError::BadVolume(format!(
             "volume size {size}: must be a positive multiple of 512 bytes"
         )));
