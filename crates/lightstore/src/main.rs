@@ -1,8 +1,8 @@
 //! `lightstore` — the LightStore command-line tool. Subcommands: `node`
 //! (the node server: one device served over RESP), `bench` (the paper's
 //! workloads against the engine in-process), `cluster` (status, repair and
-//! key commands through the cluster client) and `up` (a local N-node
-//! cluster). Adapter subcommands come with their issues.
+//! key commands through the cluster client), `up` (a local N-node
+//! cluster), `nbd` (volumes served over NBD) and `volume` (manage them).
 
 use std::io::IsTerminal;
 
@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod cluster_cmd;
+mod nbd_cmd;
 mod node;
 mod up;
 mod workload;
@@ -35,6 +36,10 @@ enum Command {
     Cluster(cluster_cmd::ClusterArgs),
     /// Start a local N-node cluster and run it until Ctrl-C / SIGTERM.
     Up(up::UpArgs),
+    /// Serve the cluster's volumes as NBD exports (qemu, nbdcopy, nbdfuse, fio).
+    Nbd(nbd_cmd::NbdArgs),
+    /// Create, list, inspect, resize and delete block volumes.
+    Volume(nbd_cmd::VolumeArgs),
 }
 
 /// Makes glibc's malloc give large buffers back to the system when they are
@@ -75,6 +80,8 @@ fn main() {
         Command::Bench(args) => bench::run(args).map_err(Into::into),
         Command::Cluster(args) => cluster_cmd::run(args),
         Command::Up(args) => up::run(args),
+        Command::Nbd(args) => nbd_cmd::run_nbd(args),
+        Command::Volume(args) => nbd_cmd::run_volume(args),
     };
     if let Err(e) = result {
         eprintln!("lightstore: {e}");

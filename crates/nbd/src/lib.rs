@@ -6,12 +6,17 @@
 //!
 //! - [`volume`]: volume records (name, id, size, chunk size) in the cluster.
 //! - [`blocks`]: byte ranges over chunks; holes, read-modify-write.
+//! - [`proto`]: the wire format, parsed and encoded without I/O.
+//! - [`server`]: handshake and transmission over TCP and Unix sockets.
 #![deny(missing_docs)]
 
 pub mod blocks;
 pub mod error;
+pub mod proto;
+pub mod server;
 pub mod volume;
 
 pub use blocks::{Blocks, Extent};
 pub use error::{NbdError, Result};
+pub use server::NbdServer;
 pub use volume::Volume;

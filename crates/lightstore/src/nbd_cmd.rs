@@ -1,0 +1,196 @@
+//! `lightstore nbd` (serve the cluster's volumes over NBD) and
+//! `lightstore volume` (create, list, inspect, resize and delete them).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use client::{Cluster, Store};
+use nbd::volume::{self, DEFAULT_CHUNK_SIZE};
+use nbd::NbdServer;
+
+use crate::cluster_cmd::ClusterTarget;
+
+/// How long a stopping server waits for requests in flight.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Flags of `lightstore nbd`.
+#[derive(Args, Debug)]
+pub struct NbdArgs {
+    #[command(flatten)]
+    target: ClusterTarget,
+    /// TCP address to serve NBD on (default 127.0.0.1:10809 unless --unix is given).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Unix socket to serve NBD on.
+    #[arg(long)]
+    unix: Option<PathBuf>,
+    /// The default export; created with --size if it does not exist.
+    #[arg(long)]
+    export: Option<String>,
+    /// Size of the --export volume when it must be created, e.g. 10G.
+    #[arg(long, value_parser = server::parse_size, requires = "export")]
+    size: Option<u64>,
+    /// Chunk size of a volume created here (power of two, 4K-4M).
+    #[arg(long, value_parser = server::parse_size)]
+    chunk_size: Option<u64>,
+}
+
+/// Flags of `lightstore volume`.
+#[derive(Args, Debug)]
+pub struct VolumeArgs {
+    #[command(flatten)]
+    target: ClusterTarget,
+    #[command(subcommand)]
+    action: VolumeAction,
+}
+
+#[derive(Subcommand, Debug)]
+enum VolumeAction {
+    /// Create a volume: NAME SIZE (e.g. 10G).
+    Create {
+        name: String,
+        #[arg(value_parser = server::parse_size)]
+        size: u64,
+        #[arg(long, value_parser = server::parse_size)]
+        chunk_size: Option<u64>,
+    },
+    /// List volumes.
+    List,
+    /// Show a volume's record.
+    Info { name: String },
+    /// Grow or shrink a volume (shrinking drops the data past the new end).
+    Resize {
+        name: String,
+        #[arg(value_parser = server::parse_size)]
+        size: u64,
+    },
+    /// Delete a volume and its data.
+    Delete { name: String },
+}
+
+fn chunk_size(v: Option<u64>) -> Result<u32, Box<dyn std::error::Error>> {
+    Ok(match v {
+        Some(v) => u32::try_from(v).map_err(|_| format!("chunk size {v} is too large"))?,
+        None => DEFAULT_CHUNK_SIZE,
+    })
+}
+
+fn print_volume(v: &nbd::Volume) {
+    println!(
+        "{}\tsize {}\tchunk {}\tid {:016x}\tcreated {}",
+        v.name, v.size, v.chunk_size, v.id, v.created
+    );
+}
+
+/// Runs `lightstore volume`.
+pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster = Cluster::connect(args.target.config()?)?;
+    let store: &dyn Store = &cluster;
+    match args.action {
+        VolumeAction::Create {
+            name,
+            size,
+            chunk_size: cs,
+        } => print_volume(&volume::create(store, &name, size, chunk_size(cs)?)?),
+        VolumeAction::List => {
+            for v in volume::list(store)? {
+                print_volume(&v);
+            }
+        }
+        VolumeAction::Info { name } => match volume::open(store, &name)? {
+            Some(v) => print_volume(&v),
+            None => return Err(format!("no volume named {name}").into()),
+        },
+        VolumeAction::Resize { name, size } => print_volume(&volume::resize(store, &name, size)?),
+        VolumeAction::Delete { name } => {
+            volume::delete(store, &name)?;
+            println!("deleted {name}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs `lightstore nbd` until SIGINT or SIGTERM.
+pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster = Arc::new(Cluster::connect(args.target.config()?)?);
+    if let Some(name) = &args.export {
+        match (volume::open(&*cluster, name)?, args.size) {
+            (Some(v), _) => eprintln!("lightstore nbd: export {name}: {} bytes", v.size),
+            (None, Some(size)) => {
+                let v = volume::create(&*cluster, name, size, chunk_size(args.chunk_size)?)?;
+                eprintln!(
+                    "lightstore nbd: created volume {name}: {} bytes, {} byte chunks",
+                    v.size, v.chunk_size
+                );
+            }
+            (None, None) => {
+                return Err(format!("no volume named {name}: give --size to create it").into())
+            }
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .enable_all()
+        .build()?;
+    let server = NbdServer::new(cluster, args.export.clone());
+    runtime.block_on(async move {
+        let tcp_addr = match (&args.listen, &args.unix) {
+            (Some(a), _) => Some(a.clone()),
+            (None, None) => Some("127.0.0.1:10809".to_string()),
+            (None, Some(_)) => None,
+        };
+        let tcp = match &tcp_addr {
+            Some(a) => Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|e| format!("cannot listen on {a}: {e}"))?,
+            ),
+            None => None,
+        };
+        let unix = match &args.unix {
+            Some(p) => {
+                let _ = std::fs::remove_file(p);
+                Some(
+                    tokio::net::UnixListener::bind(p)
+                        .map_err(|e| format!("cannot listen on {}: {e}", p.display()))?,
+                )
+            }
+            None => None,
+        };
+        let mut serving = Vec::new();
+        if let Some(a) = &tcp_addr {
+            serving.push(format!("nbd://{a}"));
+        }
+        if let Some(p) = &args.unix {
+            serving.push(format!("nbd+unix:///?socket={}", p.display()));
+        }
+        eprintln!("lightstore nbd ready: {}", serving.join(" and "));
+        server
+            .run(tcp, unix, stop_signal(), DRAIN)
+            .await
+            .map_err(|e| format!("stopping: {e}"))?;
+        if let Some(p) = &args.unix {
+            let _ = std::fs::remove_file(p);
+        }
+        eprintln!("lightstore nbd stopped: every acknowledged write flushed");
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
