@@ -3,7 +3,8 @@
 # then checks formatting and lints and runs every test (unit, model, crash,
 # corruption, full-device, GC, the end-to-end `lightstore bench` test, the
 # `lightstore node` tests with redis-cli, redis-benchmark and redis-py, the
-# cluster tests), then the YCSB binding's tests and the real YCSB client
+# cluster tests, the NBD adapter with nbdinfo, qemu-io, qemu-img, nbdcopy,
+# nbdsh, fio and ext4 on nbdfuse), then the YCSB binding's tests and the real YCSB client
 # running Load and A-F against a local 3-node cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,14 @@ command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
 command -v python3 >/dev/null || need_apt+=(python3)
 command -v javac >/dev/null || need_apt+=(default-jdk-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
+# The block adapter's tests drive unmodified NBD clients and ext4.
+command -v qemu-img >/dev/null || need_apt+=(qemu-utils)
+command -v nbdinfo >/dev/null || need_apt+=(libnbd-bin)
+/usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || need_apt+=(python3-libnbd)
+command -v fio >/dev/null || need_apt+=(fio)
+command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v losetup >/dev/null || need_apt+=(mount)
 if ! python3 -c 'import redis' >/dev/null 2>&1; then
   need_apt+=(python3-pip python3-venv)
 fi
