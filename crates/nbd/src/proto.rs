@@ -413,3 +413,25 @@ mod tests {
         assert_eq!(parse_meta(&huge), None, "claims 4G queries, has none");
     }
 }
+
+#[cfg(test)]
+mod property_tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Arbitrary option data never panics the decoders, and a request
+        /// header that parses encodes back to the same bytes.
+        #[test]
+        fn decoders_never_panic(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = parse_info(&data);
+            let _ = parse_meta(&data);
+            if let Some(head) = data.get(..REQUEST_LEN) {
+                let mut h = [0u8; REQUEST_LEN];
+                h.copy_from_slice(head);
+                h[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+                let r = Request::parse(&h).expect("magic set");
+                proptest::prop_assert_eq!(r.encode(), h);
+            }
+        }
+    }
+}
