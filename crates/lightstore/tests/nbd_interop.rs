@@ -42,7 +42,7 @@ fn nbdinfo_shows_size_block_sizes_and_flags() {
     for want in [
         "\"export-size\": 67108864",
         "\"block_size_minimum\": 1",
-        "\"block_size_preferred\": 65536",
+        "\"block_size_preferred\": 8192",
         "\"block_size_maximum\": 33554432",
         "\"can_multi_conn\": true",
         "\"can_fua\": true",

@@ -20,7 +20,7 @@ const META_PREFIX: &[u8] = b"{lightstore:volumes}/";
 /// Prefix of every chunk key.
 const CHUNK_PREFIX: &[u8] = b"blk/";
 /// Default chunk size (see the README's block section for the trade-off).
-pub const DEFAULT_CHUNK_SIZE: u32 = 64 << 10;
+pub const DEFAULT_CHUNK_SIZE: u32 = 8 << 10;
 /// Smallest and largest chunk sizes.
 const MIN_CHUNK: u32 = 4096;
 const MAX_CHUNK: u32 = 4 << 20;
@@ -234,35 +234,27 @@ mod tests {
 
     #[test]
     fn create_open_list_resize_delete() {
+        const CS: u32 = 64 << 10;
         let s = MemStore::new();
-        let v = create(&s, "vol1", 1 << 20, DEFAULT_CHUNK_SIZE).expect("create");
+        let v = create(&s, "vol1", 1 << 20, CS).expect("create");
         assert_eq!(open(&s, "vol1").expect("open"), Some(v.clone()));
-        assert!(
-            create(&s, "vol1", 1 << 20, DEFAULT_CHUNK_SIZE).is_err(),
-            "exists"
-        );
-        assert!(create(&s, "bad name", 1 << 20, DEFAULT_CHUNK_SIZE).is_err());
-        assert!(
-            create(&s, "v2", 1000, DEFAULT_CHUNK_SIZE).is_err(),
-            "not 512-aligned"
-        );
+        assert!(create(&s, "vol1", 1 << 20, CS).is_err(), "exists");
+        assert!(create(&s, "bad name", 1 << 20, CS).is_err());
+        assert!(create(&s, "v2", 1000, CS).is_err(), "not 512-aligned");
         assert!(
             create(&s, "v2", 1 << 20, 3000).is_err(),
             "chunk not a power of two"
         );
-        create(&s, "v2", 2 << 20, 8192).expect("v2");
+        create(&s, "v2", 2 << 20, DEFAULT_CHUNK_SIZE).expect("v2");
         let names: Vec<String> = list(&s)
             .expect("list")
             .into_iter()
             .map(|v| v.name)
             .collect();
         assert_eq!(names, ["v2", "vol1"]);
-        s.put(
-            &chunk_key(v.id, 15),
-            &vec![7u8; DEFAULT_CHUNK_SIZE as usize],
-        )
-        .expect("chunk");
-        s.put(&chunk_key(v.id, 1), &vec![7u8; DEFAULT_CHUNK_SIZE as usize])
+        s.put(&chunk_key(v.id, 15), &vec![7u8; CS as usize])
+            .expect("chunk");
+        s.put(&chunk_key(v.id, 1), &vec![7u8; CS as usize])
             .expect("chunk");
         let small = resize(&s, "vol1", 100 << 10).expect("shrink");
         assert_eq!(small.size, 100 << 10);
@@ -274,7 +266,7 @@ mod tests {
             .get(&chunk_key(v.id, 1))
             .expect("get")
             .expect("chunk 1 kept");
-        let tail = (100 << 10) - DEFAULT_CHUNK_SIZE as usize;
+        let tail = (100 << 10) - CS as usize;
         assert!(kept[..tail].iter().all(|&b| b == 7) && kept[tail..].iter().all(|&b| b == 0));
         delete(&s, "vol1").expect("delete");
         assert_eq!(open(&s, "vol1").expect("open"), None);
