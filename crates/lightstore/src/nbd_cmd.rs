@@ -35,6 +35,10 @@ pub struct NbdArgs {
     /// Chunk size of a volume created here (power of two, 4K-4M).
     #[arg(long, value_parser = server::parse_size)]
     chunk_size: Option<u64>,
+    /// Serve request counters (per command: requests, seconds; bytes,
+    /// errors, connections) in the Prometheus format on this address.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 /// Flags of `lightstore volume`.
@@ -160,12 +164,21 @@ pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             None => None,
         };
+        if let Some(m) = &args.metrics {
+            let l = tokio::net::TcpListener::bind(m)
+                .await
+                .map_err(|e| format!("cannot listen on {m}: {e}"))?;
+            tokio::spawn(server.clone().serve_metrics(l));
+        }
         let mut serving = Vec::new();
         if let Some(a) = &tcp_addr {
             serving.push(format!("nbd://{a}"));
         }
         if let Some(p) = &args.unix {
             serving.push(format!("nbd+unix:///?socket={}", p.display()));
+        }
+        if let Some(m) = &args.metrics {
+            serving.push(format!("metrics on http://{m}/metrics"));
         }
         eprintln!("lightstore nbd ready: {}", serving.join(" and "));
         server

@@ -18,12 +18,18 @@ struct Setup {
 }
 
 fn setup(size: &str) -> Setup {
+    setup_with(size, &[])
+}
+
+fn setup_with(size: &str, extra: &[&str]) -> Setup {
     let node = Node::start(&["--capacity", "2G"]);
     let tmp = tempfile::tempdir().expect("tempdir");
+    let mut flags = vec!["--export", "vol1", "--size", size];
+    flags.extend_from_slice(extra);
     let nbd = NbdProc::start(
         &format!("127.0.0.1:{}", node.port),
         &tmp.path().join("nbd.sock"),
-        &["--export", "vol1", "--size", size],
+        &flags,
     );
     Setup {
         _node: node,
@@ -80,7 +86,8 @@ fn qemu_io_patterns_zeroes_discards_and_flushes() {
     if !have_tools(&["qemu-io"]) {
         return;
     }
-    let s = setup("64M");
+    let metrics = format!("127.0.0.1:{}", node_support::free_port());
+    let s = setup_with("64M", &["--metrics", &metrics]);
     let uri = s.nbd.uri("vol1");
     let io = |cmds: &[&str]| {
         let mut args = vec!["-f", "raw"];
@@ -120,6 +127,25 @@ fn qemu_io_patterns_zeroes_discards_and_flushes() {
         "read -P 0xab 265000 235000",
     ]);
     io(&["write -P 0x5a -f 2M 64k", "read -P 0x5a 2M 64k"]);
+    // The counters saw it.
+    let mut conn = std::net::TcpStream::connect(&metrics).expect("metrics");
+    std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.0\r\n\r\n").expect("get");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut text).expect("read");
+    let count = |cmd: &str| -> u64 {
+        let key = format!("lightstore_nbd_requests_total{{command=\"{cmd}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    for cmd in ["read", "write", "flush", "trim", "write_zeroes"] {
+        assert!(count(cmd) > 0, "no {cmd} counted:\n{text}");
+    }
+    assert!(
+        text.contains("lightstore_nbd_written_bytes_total "),
+        "{text}"
+    );
 }
 
 #[test]

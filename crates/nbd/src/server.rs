@@ -36,11 +36,24 @@ const MAX_OPTION: u32 = 64 << 10;
 /// Chunks one BLOCK_STATUS looks at (it may answer less than asked).
 const MAX_STATUS_CHUNKS: u64 = 16_384;
 
+/// Names of the commands counted in [`Stats`], in order.
+pub const COMMAND_NAMES: [&str; 7] = [
+    "read",
+    "write",
+    "flush",
+    "trim",
+    "write_zeroes",
+    "block_status",
+    "other",
+];
+
 /// Request counters, for `--metrics` and logs.
 #[derive(Default)]
 pub struct Stats {
-    /// Requests by command: read, write, flush, trim, zero, status, other.
+    /// Requests by command (see [`COMMAND_NAMES`]).
     pub requests: [AtomicU64; 7],
+    /// Microseconds spent serving them, by command.
+    pub micros: [AtomicU64; 7],
     /// Bytes read and written.
     pub bytes_read: AtomicU64,
     /// See `bytes_read`.
@@ -402,7 +415,9 @@ impl NbdServer {
             _ => 6,
         };
         self.stats.requests[stat].fetch_add(1, Ordering::Relaxed);
+        let began = std::time::Instant::now();
         let out = self.dispatch(s, &req, payload);
+        self.stats.micros[stat].fetch_add(began.elapsed().as_micros() as u64, Ordering::Relaxed);
         match out {
             Ok(reply) => reply,
             Err((code, msg)) => {
@@ -628,4 +643,69 @@ async fn accept_unix(
 async fn accept_failed(e: std::io::Error) {
     tracing::warn!(error = %e, "accept failed");
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
+impl NbdServer {
+    /// The counters in the Prometheus text format.
+    pub fn metrics_text(&self) -> String {
+        use std::fmt::Write;
+        let st = &self.stats;
+        let mut o = String::new();
+        let _ = writeln!(o, "# TYPE lightstore_nbd_requests_total counter");
+        for (i, name) in COMMAND_NAMES.iter().enumerate() {
+            let n = st.requests[i].load(Ordering::Relaxed);
+            let _ = writeln!(o, "lightstore_nbd_requests_total{{command=\"{name}\"}} {n}");
+        }
+        let _ = writeln!(o, "# TYPE lightstore_nbd_request_seconds_total counter");
+        for (i, name) in COMMAND_NAMES.iter().enumerate() {
+            let s = st.micros[i].load(Ordering::Relaxed) as f64 / 1e6;
+            let _ = writeln!(
+                o,
+                "lightstore_nbd_request_seconds_total{{command=\"{name}\"}} {s:.6}"
+            );
+        }
+        for (name, v) in [
+            ("lightstore_nbd_read_bytes_total", &st.bytes_read),
+            ("lightstore_nbd_written_bytes_total", &st.bytes_written),
+            ("lightstore_nbd_errors_total", &st.errors),
+            ("lightstore_nbd_connections_total", &st.connections),
+        ] {
+            let _ = writeln!(
+                o,
+                "# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "# TYPE lightstore_nbd_in_flight gauge\nlightstore_nbd_in_flight {}",
+            self.in_flight()
+        );
+        o
+    }
+
+    /// Serves [`NbdServer::metrics_text`] over HTTP on `listener` (any
+    /// path), one request per connection, until the task is dropped.
+    pub async fn serve_metrics(self: Arc<Self>, listener: tokio::net::TcpListener) {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            };
+            let this = self.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                // The request line is enough; the body (none) is ignored.
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf)).await;
+                let body = this.metrics_text();
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(reply.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    }
 }
