@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::blocks::Blocks;
+use crate::blocks::{Blocks, Patch};
 use crate::error::{errno, NbdError, Result};
 use crate::proto::{self, cflag, chunk, cmd, opt, rep, tflag, Request, REQUEST_LEN};
 use crate::volume;
@@ -333,6 +333,9 @@ impl NbdServer {
     }
 
     /// Serves requests until DISC, a broken stream or a protocol violation.
+    /// The reader hands each request to the connection's batcher thread,
+    /// which runs whatever has queued up together (see [`Self::batch_loop`])
+    /// and hands the replies to the writer task.
     async fn transmission<R, W>(
         self: Arc<Self>,
         mut rd: R,
@@ -354,6 +357,15 @@ impl NbdServer {
             let _ = wr.flush().await;
             let _ = wr.shutdown().await;
         });
+        let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
+        let batchers: Vec<_> = (0..BATCHERS)
+            .map(|_| {
+                let (this, session) = (self.clone(), session.clone());
+                let (queued, tx) = (queued.clone(), tx.clone());
+                tokio::task::spawn_blocking(move || this.batch_loop(&session, queued, tx))
+            })
+            .collect();
+        drop(tx);
         let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
         let outcome = loop {
             let mut header = [0u8; REQUEST_LEN];
@@ -383,68 +395,201 @@ impl NbdServer {
             let Ok(permit) = limit.clone().acquire_owned().await else {
                 break Ok(());
             };
-            let (this, session, tx) = (self.clone(), session.clone(), tx.clone());
-            this.in_flight.fetch_add(1, Ordering::AcqRel);
-            tokio::spawn(async move {
-                let worker = this.clone();
-                let reply =
-                    tokio::task::spawn_blocking(move || worker.execute(&session, req, payload))
-                        .await
-                        .unwrap_or_else(|_| proto::simple_reply(errno::EIO, req.handle));
-                let _ = tx.send(reply).await;
-                this.in_flight.fetch_sub(1, Ordering::AcqRel);
-                drop(permit);
-            });
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            if jobs.send((req, payload, permit)).is_err() {
+                break Ok(());
+            }
         };
-        // DISC or end of stream: finish what is running, then close.
-        let _ = limit.acquire_many(MAX_IN_FLIGHT as u32).await;
-        drop(tx);
+        // DISC or end of stream: the batcher finishes what is queued, then
+        // the writer sends the last replies and closes.
+        drop(jobs);
+        for b in batchers {
+            let _ = b.await;
+        }
         let _ = writer.await;
         outcome
     }
 
-    /// Runs one request (on a blocking thread); its encoded reply.
-    fn execute(&self, s: &Session, req: Request, payload: Vec<u8>) -> Vec<u8> {
-        let stat = match req.kind {
-            cmd::READ => 0,
-            cmd::WRITE => 1,
-            cmd::FLUSH => 2,
-            cmd::TRIM => 3,
-            cmd::WRITE_ZEROES => 4,
-            cmd::BLOCK_STATUS => 5,
-            _ => 6,
-        };
-        self.stats.requests[stat].fetch_add(1, Ordering::Relaxed);
-        let began = std::time::Instant::now();
-        let out = self.dispatch(s, &req, payload);
-        self.stats.micros[stat].fetch_add(began.elapsed().as_micros() as u64, Ordering::Relaxed);
-        match out {
-            Ok(reply) => reply,
-            Err((code, msg)) => {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(kind = req.kind, error = code, %msg, "request failed");
-                if s.structured {
-                    proto::error_chunk(req.handle, code, &msg)
-                } else {
-                    proto::simple_reply(code, req.handle)
+    /// One of the connection's [`BATCHERS`] batchers: takes the first queued
+    /// request, then others already queued while the batch holds less than
+    /// [`MAX_BATCH_BYTES`], runs them as one batch and sends the replies.
+    /// Under load a batch holds many small requests, so many reads become
+    /// one multi-get and many writes one cluster write (the cluster round
+    /// trips per request drop with the depth), while large requests keep
+    /// the batchers working in parallel.
+    fn batch_loop(
+        &self,
+        s: &Session,
+        queued: crossbeam_channel::Receiver<Job>,
+        replies: mpsc::Sender<Vec<u8>>,
+    ) {
+        while let Ok(first) = queued.recv() {
+            let mut bytes = first.1.len().max(first.0.length as usize);
+            let mut batch = vec![first];
+            while batch.len() < MAX_IN_FLIGHT && bytes < MAX_BATCH_BYTES {
+                match queued.try_recv() {
+                    Ok(j) => {
+                        bytes += j.1.len().max(j.0.length as usize);
+                        batch.push(j);
+                    }
+                    Err(_) => break,
                 }
             }
+            let out = self.execute_batch(s, &batch);
+            let n = batch.len() as u64;
+            drop(batch);
+            for r in out {
+                if replies.blocking_send(r).is_err() {
+                    break;
+                }
+            }
+            self.in_flight.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
-    fn dispatch(
+    /// Runs a batch: writes and zeroings together (one [`Blocks::apply_many`]),
+    /// then one sync if any of them had FUA or a FLUSH is in the batch, then
+    /// the reads together (one [`Blocks::read_many`]), then the rest one by
+    /// one. Requests in flight together have no order among them (NBD), so
+    /// this order is free to choose; it lets a FLUSH cover the batch's
+    /// writes. Returns the encoded replies.
+    fn execute_batch(&self, s: &Session, batch: &[Job]) -> Vec<Vec<u8>> {
+        let began = std::time::Instant::now();
+        let mut replies: Vec<Option<Vec<u8>>> = vec![None; batch.len()];
+        let mut ops: Vec<Option<Op<'_>>> = Vec::with_capacity(batch.len());
+        for (i, (req, payload, _)) in batch.iter().enumerate() {
+            self.stats.requests[stat_index(req.kind)].fetch_add(1, Ordering::Relaxed);
+            match self.validate(s, req, payload) {
+                Ok(op) => ops.push(Some(op)),
+                Err(e) => {
+                    replies[i] = Some(self.error_reply(s, req, e));
+                    ops.push(None);
+                }
+            }
+        }
+        let fail_all = |replies: &mut Vec<Option<Vec<u8>>>, idx: &[usize], e: &NbdError| {
+            for &i in idx {
+                replies[i] = Some(self.error_reply(s, &batch[i].0, (e.errno(), e.to_string())));
+            }
+        };
+        // Writes and zeroings.
+        let mut patches = Vec::new();
+        let mut patch_idx = Vec::new();
+        let mut want_sync = false;
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                Some(Op::Patch(p, fua)) => {
+                    patches.push(*p);
+                    patch_idx.push(i);
+                    want_sync |= *fua;
+                }
+                Some(Op::Flush) => want_sync = true,
+                _ => {}
+            }
+        }
+        let mut patched = true;
+        if !patches.is_empty() {
+            if let Err(e) = s.blocks.apply_many(&patches) {
+                fail_all(&mut replies, &patch_idx, &e);
+                patched = false;
+            } else {
+                let written: u64 = patches
+                    .iter()
+                    .filter(|p| p.data.is_some())
+                    .map(|p| p.len as u64)
+                    .sum();
+                self.stats
+                    .bytes_written
+                    .fetch_add(written, Ordering::Relaxed);
+            }
+        }
+        let synced = if want_sync { s.blocks.flush() } else { Ok(()) };
+        for (i, op) in ops.iter().enumerate() {
+            let done = match op {
+                Some(Op::Patch(_, fua)) if patched => {
+                    Some(if *fua { synced.as_ref().err() } else { None })
+                }
+                Some(Op::Flush) => Some(synced.as_ref().err()),
+                _ => None,
+            };
+            match done {
+                Some(None) => replies[i] = Some(proto::simple_reply(0, batch[i].0.handle)),
+                Some(Some(e)) => {
+                    replies[i] = Some(self.error_reply(s, &batch[i].0, (e.errno(), e.to_string())))
+                }
+                None => {}
+            }
+        }
+        // Reads.
+        let read_idx: Vec<usize> = (0..ops.len())
+            .filter(|&i| matches!(ops[i], Some(Op::Read(..))))
+            .collect();
+        if !read_idx.is_empty() {
+            let ranges: Vec<(u64, usize)> = read_idx
+                .iter()
+                .filter_map(|&i| match ops[i] {
+                    Some(Op::Read(o, l)) => Some((o, l)),
+                    _ => None,
+                })
+                .collect();
+            match s.blocks.read_many(&ranges) {
+                Ok(datas) => {
+                    for (&i, data) in read_idx.iter().zip(datas) {
+                        self.stats
+                            .bytes_read
+                            .fetch_add(data.len() as u64, Ordering::Relaxed);
+                        replies[i] = Some(read_reply(s, &batch[i].0, &data));
+                    }
+                }
+                Err(e) => fail_all(&mut replies, &read_idx, &e),
+            }
+        }
+        // The rest.
+        for (i, op) in ops.iter().enumerate() {
+            let r = match op {
+                Some(Op::Cache) => Ok(proto::simple_reply(0, batch[i].0.handle)),
+                Some(Op::Status(o, l, one)) => self.block_status(s, &batch[i].0, *o, *l, *one),
+                _ => continue,
+            };
+            replies[i] = Some(r.unwrap_or_else(|e| self.error_reply(s, &batch[i].0, e)));
+        }
+        let per = began.elapsed().as_micros() as u64 / batch.len().max(1) as u64;
+        for (req, _, _) in batch {
+            self.stats.micros[stat_index(req.kind)].fetch_add(per, Ordering::Relaxed);
+        }
+        replies
+            .into_iter()
+            .zip(batch)
+            .map(|(r, (req, _, _))| {
+                r.unwrap_or_else(|| proto::simple_reply(errno::EIO, req.handle))
+            })
+            .collect()
+    }
+
+    /// An error reply in the session's reply style.
+    fn error_reply(&self, s: &Session, req: &Request, (code, msg): (u32, String)) -> Vec<u8> {
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(kind = req.kind, error = code, %msg, "request failed");
+        if s.structured {
+            proto::error_chunk(req.handle, code, &msg)
+        } else {
+            proto::simple_reply(code, req.handle)
+        }
+    }
+
+    /// Checks a request against the export and the protocol; what to do.
+    fn validate<'a>(
         &self,
         s: &Session,
         req: &Request,
-        payload: Vec<u8>,
-    ) -> std::result::Result<Vec<u8>, (u32, String)> {
-        let b = &s.blocks;
-        let size = b.volume().size;
-        let end = req.offset.checked_add(u64::from(req.length));
-        let in_bounds = end.is_some_and(|e| e <= size);
+        payload: &'a [u8],
+    ) -> std::result::Result<Op<'a>, (u32, String)> {
+        let size = s.blocks.volume().size;
+        let in_bounds = req
+            .offset
+            .checked_add(u64::from(req.length))
+            .is_some_and(|e| e <= size);
         let fua = req.flags & cflag::FUA != 0;
-        let fail = |e: NbdError| (e.errno(), e.to_string());
-        let ok = || proto::simple_reply(0, req.handle);
         let known_flags = cflag::FUA | cflag::NO_HOLE | cflag::REQ_ONE | cflag::FAST_ZERO;
         if req.flags & !known_flags != 0 {
             return Err((
@@ -452,116 +597,158 @@ impl NbdServer {
                 format!("unknown command flags {:#x}", req.flags),
             ));
         }
+        let len = req.length as usize;
         match req.kind {
-            cmd::READ => {
-                if req.length > MAX_PAYLOAD {
-                    return Err((
-                        errno::EINVAL,
-                        format!("READ of {} bytes: at most {MAX_PAYLOAD}", req.length),
-                    ));
-                }
-                if !in_bounds {
-                    return Err((errno::EINVAL, "READ past the end of the export".into()));
-                }
-                let data = b.read(req.offset, req.length as usize).map_err(fail)?;
-                self.stats
-                    .bytes_read
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                Ok(if s.structured {
-                    if data.is_empty() {
-                        proto::chunk_header(chunk::FLAG_DONE, chunk::NONE, req.handle, 0)
-                    } else {
-                        let mut r = proto::chunk_header(
-                            chunk::FLAG_DONE,
-                            chunk::OFFSET_DATA,
-                            req.handle,
-                            8 + data.len() as u32,
-                        );
-                        r.extend_from_slice(&req.offset.to_be_bytes());
-                        r.extend_from_slice(&data);
-                        r
-                    }
-                } else {
-                    let mut r = proto::simple_reply(0, req.handle);
-                    r.extend_from_slice(&data);
-                    r
-                })
+            cmd::READ if req.length > MAX_PAYLOAD => Err((
+                errno::EINVAL,
+                format!("READ of {} bytes: at most {MAX_PAYLOAD}", req.length),
+            )),
+            cmd::READ if !in_bounds => {
+                Err((errno::EINVAL, "READ past the end of the export".into()))
             }
-            cmd::WRITE => {
-                if !in_bounds {
-                    return Err((errno::ENOSPC, "WRITE past the end of the export".into()));
-                }
-                b.write(req.offset, &payload, fua).map_err(fail)?;
-                self.stats
-                    .bytes_written
-                    .fetch_add(payload.len() as u64, Ordering::Relaxed);
-                Ok(ok())
+            cmd::READ => Ok(Op::Read(req.offset, len)),
+            cmd::WRITE if !in_bounds => {
+                Err((errno::ENOSPC, "WRITE past the end of the export".into()))
             }
-            cmd::FLUSH => {
-                b.flush().map_err(fail)?;
-                Ok(ok())
+            cmd::WRITE => Ok(Op::Patch(
+                Patch {
+                    offset: req.offset,
+                    len: payload.len(),
+                    data: Some(payload),
+                },
+                fua,
+            )),
+            cmd::FLUSH => Ok(Op::Flush),
+            cmd::TRIM if !in_bounds => {
+                Err((errno::EINVAL, "TRIM past the end of the export".into()))
             }
-            cmd::TRIM | cmd::WRITE_ZEROES => {
-                if !in_bounds {
-                    let code = if req.kind == cmd::TRIM {
-                        errno::EINVAL
-                    } else {
-                        errno::ENOSPC
-                    };
-                    return Err((code, "request past the end of the export".into()));
-                }
-                // Zeroing is never slower than writing zeros here (whole
-                // chunks are deleted), so FAST_ZERO is honoured as is.
-                b.zero(req.offset, req.length as usize, fua).map_err(fail)?;
-                Ok(ok())
+            cmd::WRITE_ZEROES if !in_bounds => Err((
+                errno::ENOSPC,
+                "WRITE_ZEROES past the end of the export".into(),
+            )),
+            // Zeroing is never slower than writing zeros here (whole chunks
+            // are deleted), so FAST_ZERO is honoured as is.
+            cmd::TRIM | cmd::WRITE_ZEROES => Ok(Op::Patch(
+                Patch {
+                    offset: req.offset,
+                    len,
+                    data: None,
+                },
+                fua,
+            )),
+            cmd::CACHE if !in_bounds => {
+                Err((errno::EINVAL, "CACHE past the end of the export".into()))
             }
-            cmd::CACHE => {
-                if !in_bounds {
-                    return Err((errno::EINVAL, "CACHE past the end of the export".into()));
-                }
-                Ok(ok())
-            }
-            cmd::BLOCK_STATUS => {
-                if !s.structured || !s.allocation {
-                    return Err((
-                        errno::EINVAL,
-                        "BLOCK_STATUS needs base:allocation selected".into(),
-                    ));
-                }
-                if !in_bounds || req.length == 0 {
-                    return Err((
-                        errno::EINVAL,
-                        "BLOCK_STATUS past the end of the export".into(),
-                    ));
-                }
-                let cs = u64::from(b.volume().chunk_size);
-                let len = u64::from(req.length).min(MAX_STATUS_CHUNKS * cs - req.offset % cs);
-                let mut extents = b.status(req.offset, len).map_err(fail)?;
-                if req.flags & cflag::REQ_ONE != 0 {
-                    extents.truncate(1);
-                }
-                let mut body = proto::BASE_ALLOCATION_ID.to_be_bytes().to_vec();
-                for e in &extents {
-                    let flags = if e.hole {
-                        proto::STATE_HOLE | proto::STATE_ZERO
-                    } else {
-                        0
-                    };
-                    body.extend_from_slice(&(e.len as u32).to_be_bytes());
-                    body.extend_from_slice(&flags.to_be_bytes());
-                }
-                let mut r = proto::chunk_header(
-                    chunk::FLAG_DONE,
-                    chunk::BLOCK_STATUS,
-                    req.handle,
-                    body.len() as u32,
-                );
-                r.extend_from_slice(&body);
-                Ok(r)
-            }
+            cmd::CACHE => Ok(Op::Cache),
+            cmd::BLOCK_STATUS if !s.structured || !s.allocation => Err((
+                errno::EINVAL,
+                "BLOCK_STATUS needs base:allocation selected".into(),
+            )),
+            cmd::BLOCK_STATUS if !in_bounds || req.length == 0 => Err((
+                errno::EINVAL,
+                "BLOCK_STATUS past the end of the export".into(),
+            )),
+            cmd::BLOCK_STATUS => Ok(Op::Status(
+                req.offset,
+                u64::from(req.length),
+                req.flags & cflag::REQ_ONE != 0,
+            )),
             other => Err((errno::EINVAL, format!("unknown command {other}"))),
         }
     }
+
+    /// A BLOCK_STATUS reply for `base:allocation`.
+    fn block_status(
+        &self,
+        s: &Session,
+        req: &Request,
+        offset: u64,
+        len: u64,
+        req_one: bool,
+    ) -> std::result::Result<Vec<u8>, (u32, String)> {
+        let cs = u64::from(s.blocks.volume().chunk_size);
+        let len = len.min(MAX_STATUS_CHUNKS * cs - offset % cs);
+        let mut extents = s
+            .blocks
+            .status(offset, len)
+            .map_err(|e| (e.errno(), e.to_string()))?;
+        if req_one {
+            extents.truncate(1);
+        }
+        let mut body = proto::BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        for e in &extents {
+            let flags = if e.hole {
+                proto::STATE_HOLE | proto::STATE_ZERO
+            } else {
+                0
+            };
+            body.extend_from_slice(&(e.len as u32).to_be_bytes());
+            body.extend_from_slice(&flags.to_be_bytes());
+        }
+        let mut r = proto::chunk_header(
+            chunk::FLAG_DONE,
+            chunk::BLOCK_STATUS,
+            req.handle,
+            body.len() as u32,
+        );
+        r.extend_from_slice(&body);
+        Ok(r)
+    }
+}
+
+/// A request waiting for the batcher: header, WRITE payload, and its slot
+/// among the connection's requests in flight.
+type Job = (Request, Vec<u8>, tokio::sync::OwnedSemaphorePermit);
+
+/// A batch stops gathering requests once it holds this many bytes (read
+/// or written).
+const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Batchers per connection.
+const BATCHERS: usize = 4;
+
+/// What a valid request does.
+enum Op<'a> {
+    Read(u64, usize),
+    /// A write or zeroing, and its FUA flag.
+    Patch(Patch<'a>, bool),
+    Flush,
+    Cache,
+    /// Offset, length, REQ_ONE.
+    Status(u64, u64, bool),
+}
+
+/// The counter slot of a command (see [`COMMAND_NAMES`]).
+fn stat_index(kind: u16) -> usize {
+    match kind {
+        cmd::READ => 0,
+        cmd::WRITE => 1,
+        cmd::FLUSH => 2,
+        cmd::TRIM => 3,
+        cmd::WRITE_ZEROES => 4,
+        cmd::BLOCK_STATUS => 5,
+        _ => 6,
+    }
+}
+
+/// A successful READ reply in the session's style.
+fn read_reply(s: &Session, req: &Request, data: &[u8]) -> Vec<u8> {
+    if !s.structured {
+        let mut r = proto::simple_reply(0, req.handle);
+        r.extend_from_slice(data);
+        return r;
+    }
+    if data.is_empty() {
+        return proto::chunk_header(chunk::FLAG_DONE, chunk::NONE, req.handle, 0);
+    }
+    let mut r = proto::chunk_header(
+        chunk::FLAG_DONE,
+        chunk::OFFSET_DATA,
+        req.handle,
+        8 + data.len() as u32,
+    );
+    r.extend_from_slice(&req.offset.to_be_bytes());
+    r.extend_from_slice(data);
+    r
 }
 
 /// The transmission flags of every export.
