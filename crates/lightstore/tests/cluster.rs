@@ -7,6 +7,7 @@
 mod node_support;
 
 use node_support::cluster::TestCluster;
+use node_support::lightstore;
 use node_support::{free_port, Node};
 
 use std::collections::BTreeMap;
@@ -272,13 +273,6 @@ fn range_reads_merge_like_one_node() {
     assert_eq!(c.get(&bin).expect("binary get"), Some(bin.clone()));
 }
 
-fn lightstore(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_lightstore"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run lightstore")
-}
 
 /// The first of three consecutive ports that are free now, below the
 /// kernel's ephemeral range (where the other tests' nodes get theirs).

@@ -9,10 +9,10 @@
 
 mod node_support;
 
-use std::process::{Command, Stdio};
 
 use client::{Cluster, ClusterConfig};
 use node_support::cluster::TestCluster;
+use node_support::lightstore;
 use protocol::versioned::Versioned;
 use protocol::Reply;
 
@@ -25,13 +25,6 @@ fn key(i: usize) -> String {
     format!("user:{i:03}")
 }
 
-fn lightstore(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_lightstore"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run lightstore")
-}
 
 /// `lightstore cluster --nodes … ACTION ARGS`; its stdout, or a panic with
 /// its stderr when it fails.

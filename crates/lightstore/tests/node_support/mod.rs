@@ -296,6 +296,15 @@ pub fn drain(s: &mut TcpStream) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Runs the `lightstore` binary with `args`, stdin closed; its output.
+pub fn lightstore(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lightstore"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lightstore")
+}
+
 /// Sends one request and reads its reply.
 pub fn call(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> Resp {
     conn.get_mut().write_all(&encode(args)).expect("write");
