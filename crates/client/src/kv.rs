@@ -13,6 +13,8 @@ use crate::error::{ClientError, Result};
 /// Most key, version and value bytes in one VSET request; a larger batch
 /// goes to a node as several pipelined VSETs (each pair stays atomic).
 const MAX_WRITE_REQUEST: usize = 16 << 20;
+/// Most keys in one HINT request.
+const HINT_KEYS: usize = 4096;
 
 impl Cluster {
     /// Stores `value` under `key` on its replicas.
@@ -177,17 +179,16 @@ impl Inner {
                         s.acked += 1;
                         s.acked_by.push(node);
                     }
-                    Err(err) => {
-                        // A node that failed mid-write may or may not have
-                        // it; handing it off again is harmless (versions
-                        // only move forward).
+                    // A node that failed mid-write may or may not have it;
+                    // handing it off again is harmless (versions only move
+                    // forward).
+                    Err(err) if err.is_node_failure() => {
                         s.missed_by.push(node);
-                        if err.is_node_failure() {
-                            s.last = Some(clone_error(err));
-                        } else {
-                            s.refused = Some(clone_error(err));
-                        }
+                        s.last = Some(clone_error(err));
                     }
+                    // A node that refused it (full, value too large) would
+                    // refuse a hand-off too: no hint.
+                    Err(err) => s.refused = Some(clone_error(err)),
                 }
             }
         }
@@ -238,9 +239,23 @@ impl Inner {
         if hints.is_empty() {
             return;
         }
+        // HINTs of at most HINT_KEYS keys each, so a large write stays
+        // within the nodes' request limits.
         let jobs: Vec<(usize, Vec<Vec<&[u8]>>)> = hints
             .into_iter()
-            .map(|(holder, per_missed)| (holder, per_missed.into_values().collect()))
+            .map(|(holder, per_missed)| {
+                let reqs = per_missed
+                    .into_values()
+                    .flat_map(|args| {
+                        let (head, pairs) = args.split_at(2);
+                        pairs
+                            .chunks(2 * HINT_KEYS)
+                            .map(|c| [head, c].concat())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                (holder, reqs)
+            })
             .collect();
         let results = self.fan_out(jobs, |holder, reqs| {
             self.with_conn(holder, |c| {

@@ -327,8 +327,8 @@ impl Cluster {
     }
 
     /// Asks for the copies of replicas whose digest is newer than the newest
-    /// copy seen, or differs from it at the same version; a replica that
-    /// fails now is left out of the answers.
+    /// copy seen, or differs from it at the same version; fails if such a
+    /// replica cannot send its copy.
     fn fetch_newer_copies(&self, keys: &[&[u8]], reads: &mut [KeyRead]) -> Result<()> {
         let mut asks: BTreeMap<usize, NodeAsk> = BTreeMap::new();
         for (k, r) in reads.iter().enumerate() {
@@ -360,10 +360,15 @@ impl Cluster {
                         }
                     }
                 }
+                // The replica showed a newer copy and cannot send it now:
+                // answering with the older one would be a stale read (and a
+                // read-modify-write on it would overwrite the newer data).
                 Err(e) if e.is_node_failure() => {
-                    for k in ask.copies {
-                        reads[k].answers.retain(|(n, _)| *n != node);
-                    }
+                    let k = ask.copies.first().copied().unwrap_or(0);
+                    return Err(ClientError::Unavailable(format!(
+                        "a replica of key {:?} holds a newer copy but failed to send it: {e}",
+                        String::from_utf8_lossy(keys.get(k).copied().unwrap_or_default())
+                    )));
                 }
                 Err(e) => return Err(e),
             }
@@ -431,16 +436,18 @@ impl Cluster {
                 Err(e) => return Err(e),
             }
         }
-        // Keys no replica answered for: read them the long way.
+        // Keys one of whose replicas failed: read them the long way (with
+        // failover to the next replica and the read quorum), since the
+        // replica that failed may be the one holding them.
+        failed.sort_unstable();
+        failed.dedup();
         for k in failed {
-            if newest[k].is_none() {
-                let copy = self.mget_stored(&keys[k..=k])?.pop().flatten();
-                newest[k] = Some(copy.map(|c| Digest {
-                    version: version_of(&c),
-                    crc: 0,
-                    deleted: Versioned::decode(c).value.is_none(),
-                }));
-            }
+            let copy = self.mget_stored(&keys[k..=k])?.pop().flatten();
+            newest[k] = Some(copy.map(|c| Digest {
+                version: version_of(&c),
+                crc: 0,
+                deleted: Versioned::decode(c).value.is_none(),
+            }));
         }
         Ok(newest
             .into_iter()

@@ -273,7 +273,6 @@ fn range_reads_merge_like_one_node() {
     assert_eq!(c.get(&bin).expect("binary get"), Some(bin.clone()));
 }
 
-
 /// The first of three consecutive ports that are free now, below the
 /// kernel's ephemeral range (where the other tests' nodes get theirs).
 fn three_free_ports() -> u16 {

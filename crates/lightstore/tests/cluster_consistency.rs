@@ -9,7 +9,6 @@
 
 mod node_support;
 
-
 use client::{Cluster, ClusterConfig};
 use node_support::cluster::TestCluster;
 use node_support::lightstore;
@@ -24,7 +23,6 @@ const NO_HANDOFF: &[&str] = &["--hinted-handoff", "no"];
 fn key(i: usize) -> String {
     format!("user:{i:03}")
 }
-
 
 /// `lightstore cluster --nodes … ACTION ARGS`; its stdout, or a panic with
 /// its stderr when it fails.

@@ -316,3 +316,67 @@ fn sigterm_stops_cleanly_and_keeps_the_data() {
         &["-f", "raw", "-c", "read -P 0x42 0 4M", &again.uri("vol1")],
     );
 }
+
+/// Many connections at once (more than the tokio blocking pool would hold
+/// if each kept threads from it), a new one still served, and a SIGTERM
+/// with all of them open drains, flushes and exits 0.
+#[test]
+fn many_open_connections_and_a_stop_while_they_are_open() {
+    if !have_tools(&["nbdinfo", "nbdsh", "qemu-io"]) {
+        return;
+    }
+    let mut s = setup("16M");
+    let script = r#"
+import sys, time, nbd
+u = sys.argv[1]
+hs = []
+for i in range(24):
+    h = nbd.NBD()
+    h.connect_uri(u)
+    h.pwrite(bytes([i + 1]) * 4096, i * 4096, nbd.CMD_FLAG_FUA)
+    hs.append(h)
+print("open", flush=True)
+time.sleep(30)
+"#;
+    let path = s.tmp.path().join("many.py");
+    std::fs::write(&path, script).expect("script");
+    let mut holder = std::process::Command::new("/usr/bin/python3")
+        .arg(&path)
+        .arg(s.nbd.uri("vol1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    assert_eq!(line.trim(), "open");
+    run("nbdinfo", &["--size", &s.nbd.uri("vol1")]);
+    assert_eq!(
+        s.nbd.stop(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        s.nbd.log_text()
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let again = NbdProc::start(
+        &format!("127.0.0.1:{}", s._node.port),
+        &s.tmp.path().join("nbd2.sock"),
+        &["--export", "vol1"],
+    );
+    for i in 0..24u32 {
+        run(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                "-c",
+                &format!("read -P {} {} 4096", i + 1, i * 4096),
+                &again.uri("vol1"),
+            ],
+        );
+    }
+}

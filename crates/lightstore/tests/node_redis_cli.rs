@@ -530,6 +530,9 @@ fn hints_stay_out_of_the_user_key_space() {
         &[b"DEL", b"a", reserved],
         &[b"VSET", reserved, b"5", b"v"],
         &[b"VDEL", b"b", b"5", reserved, b"6"],
+        &[b"GET", reserved],
+        &[b"MGET", b"a", reserved],
+        &[b"HINT", b"127.0.0.1:1", reserved, b"5"],
     ] {
         match call(&mut c, req) {
             Resp::Error(e) => assert!(e.contains("reserved"), "{e}"),

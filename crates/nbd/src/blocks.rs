@@ -51,7 +51,14 @@ pub struct Patch<'a> {
     pub len: usize,
     /// The bytes to write, or `None` to zero.
     pub data: Option<&'a [u8]>,
+    /// Keep the chunks it zeroes stored (WRITE_ZEROES with NO_HOLE): they
+    /// must stay allocated, so they are written as zeros, not deleted.
+    pub keep: bool,
 }
+
+/// Zeroings longer than this run in windows of this size, so memory stays
+/// bounded whatever the request's length.
+const ZERO_WINDOW: usize = 8 << 20;
 
 /// Allocation of a byte range, as BLOCK_STATUS reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +158,7 @@ impl Blocks {
             offset,
             len: data.len(),
             data: Some(data),
+            keep: false,
         }])?;
         if fua {
             self.store.sync()?;
@@ -159,13 +167,20 @@ impl Blocks {
     }
 
     /// Zeros `len` bytes at `offset` (WRITE_ZEROES and TRIM): whole chunks
-    /// are deleted, parts of chunks zeroed in place.
-    pub fn zero(&self, offset: u64, len: usize, fua: bool) -> Result<()> {
-        self.apply_many(&[Patch {
-            offset,
-            len,
-            data: None,
-        }])?;
+    /// are deleted (stored as zeros with `keep`), parts of chunks zeroed in
+    /// place; in windows of [`ZERO_WINDOW`] bytes.
+    pub fn zero(&self, offset: u64, len: usize, fua: bool, keep: bool) -> Result<()> {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(ZERO_WINDOW);
+            self.apply_many(&[Patch {
+                offset: offset + done as u64,
+                len: n,
+                data: None,
+                keep,
+            }])?;
+            done += n;
+        }
         if fua {
             self.store.sync()?;
         }
@@ -200,6 +215,7 @@ impl Blocks {
         } else {
             self.store.mget(&refs)?
         };
+        let mut keep = vec![false; touched.len()];
         let mut bufs: Vec<Vec<u8>> = touched
             .iter()
             .map(|c| {
@@ -218,6 +234,7 @@ impl Blocks {
                 let Ok(i) = touched.binary_search(&p.chunk) else {
                     continue;
                 };
+                keep[i] |= patch.keep;
                 let dst = &mut bufs[i][p.at..p.at + p.len];
                 match patch.data {
                     Some(d) => dst.copy_from_slice(&d[p.buf_at..p.buf_at + p.len]),
@@ -229,7 +246,13 @@ impl Blocks {
         let ops: Vec<WriteOp<'_>> = keys
             .iter()
             .zip(&bufs)
-            .map(|(k, b)| (&k[..], b.iter().any(|&x| x != 0).then_some(&b[..])))
+            .zip(&keep)
+            .map(|((k, b), &keep)| {
+                (
+                    &k[..],
+                    (keep || b.iter().any(|&x| x != 0)).then_some(&b[..]),
+                )
+            })
             .collect();
         // Large batches go in parts so one cluster request stays bounded.
         for batch in ops.chunks((8 << 20) / cs + 1) {
@@ -302,7 +325,7 @@ mod tests {
                     oracle[off as usize..off as usize + len].copy_from_slice(&data);
                 }
                 5 | 6 => {
-                    b.zero(off, len, false).expect("zero");
+                    b.zero(off, len, false, false).expect("zero");
                     oracle[off as usize..off as usize + len].fill(0);
                 }
                 _ => {
@@ -349,6 +372,7 @@ mod tests {
                     offset,
                     len,
                     data: d.as_deref(),
+                    keep: false,
                 })
                 .collect();
             b.apply_many(&patches).expect("batch");
@@ -403,8 +427,22 @@ mod tests {
             ]
         );
         let before = store.len();
-        b.zero(4096, 8192, false).expect("trim");
-        assert_eq!(store.len(), before - 2);
+        b.zero(4096, 8192, false, false).expect("trim");
+        // NO_HOLE: zeroed but kept allocated.
+        b.zero(40_960, 4096, false, true).expect("zero, no hole");
+        assert_eq!(
+            b.status(40_960, 4096).expect("status"),
+            vec![Extent {
+                len: 4096,
+                hole: false
+            }]
+        );
+        assert_eq!(b.read(40_960, 4096).expect("read"), vec![0u8; 4096]);
+        assert_eq!(
+            store.len(),
+            before - 2 + 1,
+            "two chunks trimmed, one zero chunk kept"
+        );
         assert_eq!(
             b.status(4096, 100).expect("status"),
             vec![Extent {

@@ -71,7 +71,11 @@ pub struct NbdServer {
     default_export: Option<String>,
     /// Counters.
     pub stats: Stats,
-    in_flight: AtomicU64,
+    in_flight: Arc<AtomicU64>,
+    /// Set to stop every connection's reader (shutdown).
+    stop: tokio::sync::watch::Sender<bool>,
+    /// Connections being served now.
+    connections: AtomicU64,
 }
 
 /// What the handshake settled.
@@ -90,7 +94,9 @@ impl NbdServer {
             exports: Mutex::new(HashMap::new()),
             default_export,
             stats: Stats::default(),
-            in_flight: AtomicU64::new(0),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            stop: tokio::sync::watch::channel(false).0,
+            connections: AtomicU64::new(0),
         })
     }
 
@@ -111,21 +117,23 @@ impl NbdServer {
             ("", None) => return Ok(None),
             (n, _) => n,
         };
-        if let Some(b) = self.exports.lock().get(name) {
-            return Ok(Some(b.clone()));
-        }
+        // The record is read again on every open: a volume deleted and
+        // created again, or resized, since it was last served gets a fresh
+        // `Blocks` (the old one keeps serving the connections that have it).
         let store = self.store.clone();
         let Some(vol) = volume::open(&*store, name)? else {
+            self.exports.lock().remove(name);
             return Ok(None);
         };
+        let mut exports = self.exports.lock();
+        if let Some(b) = exports.get(name) {
+            if *b.volume() == vol {
+                return Ok(Some(b.clone()));
+            }
+        }
         let blocks = Arc::new(Blocks::new(store, vol));
-        Ok(Some(
-            self.exports
-                .lock()
-                .entry(name.to_string())
-                .or_insert(blocks)
-                .clone(),
-        ))
+        exports.insert(name.to_string(), blocks.clone());
+        Ok(Some(blocks))
     }
 
     /// Serves one connection until the client leaves or breaks the protocol.
@@ -134,6 +142,16 @@ impl NbdServer {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        self.connections.fetch_add(1, Ordering::AcqRel);
+        let this = self.clone();
+        this.serve_connection(stream).await;
+        self.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    async fn serve_connection<S>(self: Arc<Self>, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let (mut rd, mut wr) = tokio::io::split(stream);
         let session = match self.clone().handshake(&mut rd, &mut wr).await {
             Ok(Some(s)) => s,
@@ -187,7 +205,12 @@ impl NbdServer {
             match option {
                 opt::EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data).into_owned();
-                    let Some(blocks) = self.export(&name)? else {
+                    let this = self.clone();
+                    let lookup = name.clone();
+                    let found = tokio::task::spawn_blocking(move || this.export(&lookup))
+                        .await
+                        .map_err(|e| NbdError::Protocol(e.to_string()))??;
+                    let Some(blocks) = found else {
                         return Err(NbdError::Protocol(format!("no export {name:?}")));
                     };
                     let mut b = blocks.volume().size.to_be_bytes().to_vec();
@@ -214,9 +237,20 @@ impl NbdServer {
                         continue;
                     }
                     let store = self.store.clone();
-                    let vols = tokio::task::spawn_blocking(move || volume::list(&*store))
+                    let listed = tokio::task::spawn_blocking(move || volume::list(&*store))
                         .await
-                        .map_err(|e| NbdError::Protocol(e.to_string()))??;
+                        .map_err(|e| NbdError::Protocol(e.to_string()))?;
+                    let vols = match listed {
+                        Ok(v) => v,
+                        Err(e) => {
+                            wr.write_all(&error(
+                                rep::ERR_INVALID,
+                                &format!("listing volumes: {e}"),
+                            ))
+                            .await?;
+                            continue;
+                        }
+                    };
                     for v in vols {
                         wr.write_all(&reply(rep::SERVER, &proto::rep_server(&v.name)))
                             .await?;
@@ -347,10 +381,14 @@ impl NbdServer {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let session = Arc::new(session);
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_IN_FLIGHT);
+        // Replies travel with their requests' permits, so a client that does
+        // not read its replies stops the reader after MAX_IN_FLIGHT requests.
+        let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
         let writer = tokio::spawn(async move {
-            while let Some(buf) = rx.recv().await {
-                if wr.write_all(&buf).await.is_err() {
+            while let Some((buf, permit)) = rx.recv().await {
+                let failed = wr.write_all(&buf).await.is_err();
+                drop(permit);
+                if failed {
                     return;
                 }
             }
@@ -358,18 +396,28 @@ impl NbdServer {
             let _ = wr.shutdown().await;
         });
         let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
-        let batchers: Vec<_> = (0..BATCHERS)
-            .map(|_| {
-                let (this, session) = (self.clone(), session.clone());
-                let (queued, tx) = (queued.clone(), tx.clone());
-                tokio::task::spawn_blocking(move || this.batch_loop(&session, queued, tx))
-            })
-            .collect();
+        // Own threads, not tokio's blocking pool: they live as long as the
+        // connection, and the pool must stay free for short jobs.
+        let mut batchers = Vec::with_capacity(BATCHERS);
+        for _ in 0..BATCHERS {
+            let (this, session) = (self.clone(), session.clone());
+            let (queued, tx) = (queued.clone(), tx.clone());
+            batchers.push(
+                std::thread::Builder::new()
+                    .name("ls-nbd-batch".into())
+                    .spawn(move || this.batch_loop(&session, queued, tx))?,
+            );
+        }
         drop(tx);
         let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        let mut stop = self.stop.subscribe();
         let outcome = loop {
             let mut header = [0u8; REQUEST_LEN];
-            match rd.read_exact(&mut header).await {
+            let read = tokio::select! {
+                r = rd.read_exact(&mut header) => r,
+                _ = stop.wait_for(|s| *s) => break Ok(()),
+            };
+            match read {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
                 Err(e) => break Err(e.into()),
@@ -380,10 +428,15 @@ impl NbdServer {
             if req.kind == cmd::DISC {
                 break Ok(());
             }
+            if req.kind == cmd::WRITE && req.length > MAX_PAYLOAD {
+                break Err(NbdError::Protocol(format!("WRITE of {} bytes", req.length)));
+            }
+            // The slot first, then the payload: at most MAX_IN_FLIGHT
+            // requests' payloads are held per connection.
+            let Ok(permit) = limit.clone().acquire_owned().await else {
+                break Ok(());
+            };
             let payload = if req.kind == cmd::WRITE {
-                if req.length > MAX_PAYLOAD {
-                    break Err(NbdError::Protocol(format!("WRITE of {} bytes", req.length)));
-                }
                 let mut p = vec![0u8; req.length as usize];
                 if let Err(e) = rd.read_exact(&mut p).await {
                     break Err(e.into());
@@ -392,20 +445,20 @@ impl NbdServer {
             } else {
                 Vec::new()
             };
-            let Ok(permit) = limit.clone().acquire_owned().await else {
-                break Ok(());
-            };
-            self.in_flight.fetch_add(1, Ordering::AcqRel);
-            if jobs.send((req, payload, permit)).is_err() {
+            let slot = InFlight::new(&self.in_flight);
+            if jobs.send((req, payload, permit, slot)).is_err() {
                 break Ok(());
             }
         };
-        // DISC or end of stream: the batcher finishes what is queued, then
-        // the writer sends the last replies and closes.
+        // DISC, end of stream or shutdown: the batchers finish what is
+        // queued, then the writer sends the last replies and closes.
         drop(jobs);
-        for b in batchers {
-            let _ = b.await;
-        }
+        let _ = tokio::task::spawn_blocking(move || {
+            for b in batchers {
+                let _ = b.join();
+            }
+        })
+        .await;
         let _ = writer.await;
         outcome
     }
@@ -421,7 +474,7 @@ impl NbdServer {
         &self,
         s: &Session,
         queued: crossbeam_channel::Receiver<Job>,
-        replies: mpsc::Sender<Vec<u8>>,
+        replies: mpsc::Sender<Reply>,
     ) {
         while let Ok(first) = queued.recv() {
             let mut bytes = first.1.len().max(first.0.length as usize);
@@ -435,15 +488,24 @@ impl NbdServer {
                     Err(_) => break,
                 }
             }
-            let out = self.execute_batch(s, &batch);
-            let n = batch.len() as u64;
-            drop(batch);
-            for r in out {
-                if replies.blocking_send(r).is_err() {
+            // A panic must not leave requests without replies and slots
+            // taken: answer the batch with EIO then.
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.execute_batch(s, &batch)
+            }))
+            .unwrap_or_else(|_| {
+                tracing::error!("a request batch panicked; answering EIO");
+                batch
+                    .iter()
+                    .map(|j| proto::simple_reply(errno::EIO, j.0.handle))
+                    .collect()
+            });
+            for (r, (_, _, permit, slot)) in out.into_iter().zip(batch) {
+                drop(slot);
+                if replies.blocking_send((r, permit)).is_err() {
                     break;
                 }
             }
-            self.in_flight.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
@@ -457,7 +519,7 @@ impl NbdServer {
         let began = std::time::Instant::now();
         let mut replies: Vec<Option<Vec<u8>>> = vec![None; batch.len()];
         let mut ops: Vec<Option<Op<'_>>> = Vec::with_capacity(batch.len());
-        for (i, (req, payload, _)) in batch.iter().enumerate() {
+        for (i, (req, payload, _, _)) in batch.iter().enumerate() {
             self.stats.requests[stat_index(req.kind)].fetch_add(1, Ordering::Relaxed);
             match self.validate(s, req, payload) {
                 Ok(op) => ops.push(Some(op)),
@@ -548,19 +610,24 @@ impl NbdServer {
         for (i, op) in ops.iter().enumerate() {
             let r = match op {
                 Some(Op::Cache) => Ok(proto::simple_reply(0, batch[i].0.handle)),
+                Some(Op::BigZero(o, l, fua, keep)) => s
+                    .blocks
+                    .zero(*o, *l, *fua, *keep)
+                    .map(|()| proto::simple_reply(0, batch[i].0.handle))
+                    .map_err(|e| (e.errno(), e.to_string())),
                 Some(Op::Status(o, l, one)) => self.block_status(s, &batch[i].0, *o, *l, *one),
                 _ => continue,
             };
             replies[i] = Some(r.unwrap_or_else(|e| self.error_reply(s, &batch[i].0, e)));
         }
         let per = began.elapsed().as_micros() as u64 / batch.len().max(1) as u64;
-        for (req, _, _) in batch {
+        for (req, _, _, _) in batch {
             self.stats.micros[stat_index(req.kind)].fetch_add(per, Ordering::Relaxed);
         }
         replies
             .into_iter()
             .zip(batch)
-            .map(|(r, (req, _, _))| {
+            .map(|(r, (req, _, _, _))| {
                 r.unwrap_or_else(|| proto::simple_reply(errno::EIO, req.handle))
             })
             .collect()
@@ -615,6 +682,7 @@ impl NbdServer {
                     offset: req.offset,
                     len: payload.len(),
                     data: Some(payload),
+                    keep: false,
                 },
                 fua,
             )),
@@ -628,11 +696,19 @@ impl NbdServer {
             )),
             // Zeroing is never slower than writing zeros here (whole chunks
             // are deleted), so FAST_ZERO is honoured as is.
+            // Long zeroings run alone, in windows (Blocks::zero).
+            cmd::TRIM | cmd::WRITE_ZEROES if len > MAX_BATCH_BYTES => Ok(Op::BigZero(
+                req.offset,
+                len,
+                fua,
+                req.flags & cflag::NO_HOLE != 0,
+            )),
             cmd::TRIM | cmd::WRITE_ZEROES => Ok(Op::Patch(
                 Patch {
                     offset: req.offset,
                     len,
                     data: None,
+                    keep: req.kind == cmd::WRITE_ZEROES && req.flags & cflag::NO_HOLE != 0,
                 },
                 fua,
             )),
@@ -696,9 +772,34 @@ impl NbdServer {
     }
 }
 
-/// A request waiting for the batcher: header, WRITE payload, and its slot
-/// among the connection's requests in flight.
-type Job = (Request, Vec<u8>, tokio::sync::OwnedSemaphorePermit);
+/// A request waiting for a batcher: header, WRITE payload, its slot among
+/// the connection's requests (released once its reply is written) and its
+/// count in the server's requests in flight.
+type Job = (
+    Request,
+    Vec<u8>,
+    tokio::sync::OwnedSemaphorePermit,
+    InFlight,
+);
+
+/// An encoded reply and the slot of its request.
+type Reply = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
+
+/// One request counted in [`NbdServer::in_flight`] until dropped.
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicU64>) -> InFlight {
+        counter.fetch_add(1, Ordering::AcqRel);
+        InFlight(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// A batch stops gathering requests once it holds this many bytes (read
 /// or written).
@@ -713,6 +814,8 @@ enum Op<'a> {
     Patch(Patch<'a>, bool),
     Flush,
     Cache,
+    /// A zeroing too long for a batch: offset, length, FUA, NO_HOLE.
+    BigZero(u64, usize, bool, bool),
     /// Offset, length, REQ_ONE.
     Status(u64, u64, bool),
 }
@@ -798,8 +901,13 @@ impl NbdServer {
         }
         drop(tcp);
         drop(unix);
+        // Readers stop taking requests; what they took is answered, then
+        // every acknowledged write is made durable.
+        self.stop.send_replace(true);
         let deadline = tokio::time::Instant::now() + drain;
-        while self.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        while (self.in_flight() > 0 || self.connections.load(Ordering::Acquire) > 0)
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let this = self.clone();

@@ -79,6 +79,15 @@ fn check_size(size: u64) -> Result<()> {
     Ok(())
 }
 
+fn check_chunk(chunk_size: u32) -> Result<()> {
+    if !chunk_size.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
+        return Err(NbdError::BadVolume(format!(
+            "chunk size {chunk_size}: must be a power of two from {MIN_CHUNK} to {MAX_CHUNK}"
+        )));
+    }
+    Ok(())
+}
+
 impl Volume {
     fn encode(&self) -> String {
         format!(
@@ -95,13 +104,16 @@ impl Volume {
                 .find_map(|l| l.strip_prefix(f).and_then(|r| r.strip_prefix('=')))
                 .ok_or_else(bad)
         };
-        Ok(Volume {
+        let vol = Volume {
             name: name.to_string(),
             id: u64::from_str_radix(field("id")?, 16).map_err(|_| bad())?,
             size: field("size")?.parse().map_err(|_| bad())?,
             chunk_size: field("chunk_size")?.parse().map_err(|_| bad())?,
             created: field("created")?.parse().map_err(|_| bad())?,
-        })
+        };
+        check_chunk(vol.chunk_size).map_err(|_| bad())?;
+        check_size(vol.size).map_err(|_| bad())?;
+        Ok(vol)
     }
 
     /// Number of chunks.
@@ -116,11 +128,7 @@ impl Volume {
 pub fn create(store: &dyn Store, name: &str, size: u64, chunk_size: u32) -> Result<Volume> {
     check_name(name)?;
     check_size(size)?;
-    if !chunk_size.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
-        return Err(NbdError::BadVolume(format!(
-            "chunk size {chunk_size}: must be a power of two from {MIN_CHUNK} to {MAX_CHUNK}"
-        )));
-    }
+    check_chunk(chunk_size)?;
     if open(store, name)?.is_some() {
         return Err(NbdError::BadVolume(format!("volume {name} exists")));
     }

@@ -55,20 +55,29 @@ fn stopping(state: &NodeState) -> bool {
 
 fn run(state: &NodeState) {
     let mut conns: HashMap<Vec<u8>, Conn> = HashMap::new();
+    let mut failed_at = HashMap::new();
     while !stopping(state) {
         if !state.config.hinted_handoff {
             state.hints.wait(ROUND);
             continue;
         }
-        if let Err(e) = round(state, &mut conns) {
+        if let Err(e) = round(state, &mut conns, &mut failed_at) {
             tracing::warn!(error = %e, "hinted handoff round failed");
         }
         state.hints.wait(ROUND);
     }
 }
 
-/// One pass over every hint, target by target.
-fn round(state: &NodeState, conns: &mut HashMap<Vec<u8>, Conn>) -> engine::Result<()> {
+/// How long a target that failed is left alone.
+const BACKOFF: Duration = Duration::from_secs(1);
+
+/// One pass over every hint, target by target; targets that failed less
+/// than [`BACKOFF`] ago are skipped.
+fn round(
+    state: &NodeState,
+    conns: &mut HashMap<Vec<u8>, Conn>,
+    failed_at: &mut HashMap<Vec<u8>, std::time::Instant>,
+) -> engine::Result<()> {
     let end = hints_end();
     let mut start = hints_start();
     while !stopping(state) {
@@ -81,6 +90,13 @@ fn round(state: &NodeState, conns: &mut HashMap<Vec<u8>, Conn>) -> engine::Resul
             continue;
         };
         let target = target.to_vec();
+        if failed_at
+            .get(&target)
+            .is_some_and(|t| t.elapsed() < BACKOFF)
+        {
+            start = after_target(&target);
+            continue;
+        }
         let name = String::from_utf8_lossy(&target).into_owned();
         let (began, delivered) = (
             std::time::Instant::now(),
@@ -98,7 +114,11 @@ fn round(state: &NodeState, conns: &mut HashMap<Vec<u8>, Conn>) -> engine::Resul
         if n > 0 {
             tracing::info!(target = %name, writes = n, seconds = began.elapsed().as_secs_f64(), "handed off missed writes");
         }
+        if outcome.is_ok() {
+            failed_at.remove(&target);
+        }
         if let Err(why) = outcome {
+            failed_at.insert(target.clone(), std::time::Instant::now());
             conns.remove(&target);
             let mut errors = state.hints.last_error.lock();
             if errors.get(&name) != Some(&why) {
@@ -190,28 +210,47 @@ fn prepare(
         .db
         .multi_get(&keys)
         .map_err(|e| format!("reading local copies: {e}"))?;
+    // Each hint's own version, from the index (hints are tagged values).
+    let hint_refs: Vec<&[u8]> = hints.iter().map(|h| &h[..]).collect();
+    let hint_versions: Vec<u64> = state
+        .db
+        .multi_get_meta(&hint_refs)
+        .map_err(|e| format!("reading hints: {e}"))?
+        .into_iter()
+        .map(|m| match m.map(|m| (m.tag, m.value_len)) {
+            Some((engine::Tagging::Tagged(t), len)) => {
+                protocol::versioned::version_of_tag(&t, len as usize)
+            }
+            _ => 0,
+        })
+        .collect();
     let mut vset: Vec<Bytes> = vec![Bytes::from_static(b"VSET")];
     let mut vdel: Vec<Bytes> = vec![Bytes::from_static(b"VDEL")];
     let mut settled = Vec::with_capacity(hints.len());
     let mut bytes = 0;
     for (i, copy) in copies.into_iter().enumerate() {
-        if i > 0 && bytes >= BATCH_BYTES {
-            break;
-        }
         let key = Bytes::copy_from_slice(keys[i]);
+        // Settled once delivered: the hint as read now, or the copy sent if
+        // newer. A copy older than the hint (a plain SET or DEL replaced the
+        // write here) has nothing newer to give: the hint is settled too.
+        let hinted = hint_versions.get(i).copied().unwrap_or(0);
         let Some(copy) = copy.filter(|_| !key.is_empty()) else {
             // No copy here any more (a plain DEL): nothing to hand off.
-            settled.push((hints[i].clone(), u64::MAX));
+            settled.push((hints[i].clone(), hinted));
             continue;
         };
-        bytes += key.len() + copy.len();
+        let size = key.len() + copy.len();
+        if i > 0 && bytes + size > BATCH_BYTES {
+            break;
+        }
+        bytes += size;
         let v = Versioned::decode(copy);
         let version = Bytes::from(v.version.to_string());
         match v.value {
             Some(value) => vset.extend([key, version, value]),
             None => vdel.extend([key, version]),
         }
-        settled.push((hints[i].clone(), v.version));
+        settled.push((hints[i].clone(), v.version.max(hinted)));
     }
     let reqs = [vset, vdel].into_iter().filter(|r| r.len() > 1).collect();
     Ok((settled, reqs))

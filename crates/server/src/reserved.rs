@@ -20,15 +20,18 @@ pub fn is_reserved(key: &[u8]) -> bool {
     key.starts_with(RESERVED)
 }
 
-/// The first reserved key a write command names, if any (`args[0]` is the
-/// command; arities were checked).
+/// The first reserved key a command names, if any (`args[0]` is the
+/// command; arities were checked): writes, point reads and HINT.
 pub fn reserved_key_in_write(cmd: Cmd, args: &[Bytes]) -> Option<&Bytes> {
     let (first, step) = match cmd {
-        Cmd::Set => return args.get(1).filter(|k| is_reserved(k)),
+        Cmd::Set | Cmd::Get | Cmd::Strlen | Cmd::Getrange => {
+            return args.get(1).filter(|k| is_reserved(k))
+        }
         Cmd::Mset => (1, 2),
-        Cmd::Del => (1, 1),
+        Cmd::Del | Cmd::Mget | Cmd::Exists | Cmd::Vmeta => (1, 1),
         Cmd::Vset => (1, 3),
         Cmd::Vdel => (1, 2),
+        Cmd::Hint => (2, 2),
         _ => return None,
     };
     args.iter()
@@ -134,6 +137,9 @@ mod tests {
             reserved_key_in_write(Cmd::Vdel, &b(&[b"VDEL", b"a", b"1", &hint, b"2"])).is_some()
         );
         assert!(reserved_key_in_write(Cmd::Del, &b(&[b"DEL", b"a", &hint])).is_some());
-        assert!(reserved_key_in_write(Cmd::Get, &b(&[b"GET", &hint])).is_none());
+        assert!(reserved_key_in_write(Cmd::Get, &b(&[b"GET", &hint])).is_some());
+        assert!(reserved_key_in_write(Cmd::Mget, &b(&[b"MGET", b"a", &hint])).is_some());
+        assert!(reserved_key_in_write(Cmd::Hint, &b(&[b"HINT", b"h:1", &hint, b"1"])).is_some());
+        assert!(reserved_key_in_write(Cmd::Hint, &b(&[b"HINT", b"h:1", b"k", b"1"])).is_none());
     }
 }
