@@ -283,6 +283,8 @@ fn fio_nbd_engine_verifies_sequential_and_random_writes() {
                 "--verify=crc32c",
                 "--do_verify=1",
                 "--verify_fatal=1",
+                // No verify state file left in the working directory.
+                "--verify_state_save=0",
             ],
         ));
         assert!(out.contains("err= 0"), "{rw} {bs}:\n{out}");
