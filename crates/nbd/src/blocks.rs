@@ -254,6 +254,31 @@ impl Blocks {
                 )
             })
             .collect();
+        // A delete of a chunk that was not read (wholly zeroed) may find
+        // nothing to delete: ask which exist, and leave the others alone
+        // rather than write tombstones for them (a TRIM of a fresh volume
+        // writes nothing). Chunks read for a partial write are known.
+        let unknown: Vec<usize> = (0..ops.len())
+            .filter(|&i| ops[i].1.is_none() && partial.binary_search(&touched[i]).is_err())
+            .collect();
+        let mut absent = vec![false; ops.len()];
+        if !unknown.is_empty() {
+            let probe: Vec<&[u8]> = unknown.iter().map(|&i| ops[i].0).collect();
+            for (&i, exists) in unknown.iter().zip(self.store.exists(&probe)?) {
+                absent[i] = !exists;
+            }
+        }
+        for (i, c) in touched.iter().enumerate() {
+            if let (None, Ok(pi)) = (ops[i].1, partial.binary_search(c)) {
+                // Read as absent: nothing to delete either.
+                absent[i] = current.get(pi).is_some_and(|v| v.is_none());
+            }
+        }
+        let ops: Vec<WriteOp<'_>> = ops
+            .into_iter()
+            .zip(absent)
+            .filter_map(|(op, gone)| (!gone).then_some(op))
+            .collect();
         // Large batches go in parts so one cluster request stays bounded.
         for batch in ops.chunks((8 << 20) / cs + 1) {
             self.store.write(batch)?;
@@ -485,6 +510,21 @@ mod tests {
                 "round {round}"
             );
         }
+    }
+
+    #[test]
+    fn trimming_what_was_never_written_writes_nothing() {
+        let (store, b) = blocks(1 << 20, 4096);
+        let before = store.writes.load(std::sync::atomic::Ordering::Relaxed);
+        b.zero(0, 1 << 20, false, false).expect("trim");
+        b.zero(100, 5000, false, false).expect("partial trim");
+        assert_eq!(
+            store.writes.load(std::sync::atomic::Ordering::Relaxed),
+            before
+        );
+        b.write(8192, &[1; 10], false).expect("write");
+        b.zero(0, 1 << 20, false, false).expect("trim");
+        assert_eq!(store.len(), 1, "only the volume record is left");
     }
 
     #[test]
