@@ -403,6 +403,11 @@ impl Db {
     pub fn max_value_size(&self) -> usize {
         self.inner.opts.max_value_size
     }
+
+    /// The longest key the store accepts.
+    pub fn max_key_size(&self) -> usize {
+        self.inner.opts.max_key_size
+    }
 }
 
 impl Drop for Db {

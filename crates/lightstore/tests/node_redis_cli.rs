@@ -548,6 +548,12 @@ fn hints_stay_out_of_the_user_key_space() {
         Resp::Int(0),
         "a hint only moves to a newer version"
     );
+    // A key with no room left for the hint prefix is skipped, the rest kept.
+    let long = vec![b'k'; 8190];
+    assert_eq!(
+        call(&mut c, &[b"HINT", b"127.0.0.1:2", &long, b"9", b"c", b"9"]),
+        Resp::Int(1)
+    );
     assert!(matches!(
         call(&mut c, &[b"HINT", b"", b"a", b"1"]),
         Resp::Error(_)
@@ -578,6 +584,6 @@ fn hints_stay_out_of_the_user_key_space() {
         panic!("info reply");
     };
     let info = String::from_utf8_lossy(&info).to_string();
-    assert!(info.contains("hints_pending:2"), "{info}");
+    assert!(info.contains("hints_pending:3"), "{info}");
     assert!(info.contains("hints_targets:127.0.0.1:1=2"), "{info}");
 }
