@@ -279,6 +279,5 @@ pub(crate) fn send_stored(c: &mut Conn, copies: &[(Bytes, Bytes)]) -> Result<()>
         }
     }
     let reqs: Vec<Vec<Bytes>> = [vset, vdel].into_iter().filter(|r| r.len() > 1).collect();
-    let replies = c.pipeline(&reqs)?;
-    replies.into_iter().try_for_each(|r| c.check(r).map(drop))
+    c.pipeline_checked(&reqs)
 }

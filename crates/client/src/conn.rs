@@ -73,6 +73,15 @@ impl Conn {
         self.receive(reqs.len())
     }
 
+    /// Sends several requests in one write and reads their replies; fails
+    /// on the first error reply.
+    pub fn pipeline_checked<R: AsRef<[A]>, A: AsRef<[u8]>>(&mut self, reqs: &[R]) -> Result<()> {
+        let replies = self.pipeline(reqs)?;
+        replies
+            .into_iter()
+            .try_for_each(|r| self.check(r).map(drop))
+    }
+
     /// Sends requests without reading their replies: [`Conn::receive`]
     /// reads them later, so the caller can work while the node does.
     pub fn send<R: AsRef<[A]>, A: AsRef<[u8]>>(&mut self, reqs: &[R]) -> Result<()> {

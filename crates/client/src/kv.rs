@@ -88,10 +88,10 @@ impl Cluster {
 
 /// One write's progress on one key.
 struct KeyWrite {
-    acked: usize,
     /// Replicas that took the write.
     acked_by: Vec<usize>,
-    /// Replicas that did not: skipped as down, failed or refused.
+    /// Replicas that missed it: skipped as down, or failed mid-write (those
+    /// that refused it are not here: they would refuse a hand-off too).
     missed_by: Vec<usize>,
     refused: Option<ClientError>,
     last: Option<ClientError>,
@@ -152,14 +152,10 @@ impl Inner {
                 }
             }
             reqs.extend([vset, vdel].into_iter().filter(|r| r.len() > 1));
-            self.with_conn(node, |c| {
-                let replies = c.pipeline(&reqs)?;
-                replies.into_iter().try_for_each(|r| c.check(r).map(drop))
-            })
+            self.with_conn(node, |c| c.pipeline_checked(&reqs))
         });
         let mut state: Vec<KeyWrite> = (0..entries.len())
             .map(|_| KeyWrite {
-                acked: 0,
                 acked_by: Vec::new(),
                 missed_by: Vec::new(),
                 refused: None,
@@ -175,10 +171,7 @@ impl Inner {
             for e in idx {
                 let s = &mut state[e];
                 match &r {
-                    Ok(()) => {
-                        s.acked += 1;
-                        s.acked_by.push(node);
-                    }
+                    Ok(()) => s.acked_by.push(node),
                     // A node that failed mid-write may or may not have it;
                     // handing it off again is harmless (versions only move
                     // forward).
@@ -194,18 +187,19 @@ impl Inner {
         }
         self.record_hints(&entries, &version_text, &state);
         for (s, replicas) in state.into_iter().zip(replica_counts) {
+            let acked = s.acked_by.len();
             let needed = self.config.write_quorum.map_or(1, |q| q.min(replicas));
             // With the default quorum every replica that is up must take the
             // write: one that answered an error (a full device, say) fails it.
             let all_up_ok = self.config.write_quorum.is_some() || s.refused.is_none();
-            if s.acked >= needed && all_up_ok {
+            if acked >= needed && all_up_ok {
                 continue;
             }
             return Err(match (s.refused, s.last) {
-                (Some(refused), _) if s.acked == 0 => refused,
+                (Some(refused), _) if acked == 0 => refused,
                 (refused, last) => ClientError::Quorum {
-                    acked: s.acked,
-                    needed: needed.max(s.acked + 1),
+                    acked,
+                    needed: needed.max(acked + 1),
                     last: Box::new(refused.or(last).unwrap_or_else(|| {
                         ClientError::Unavailable("no replica was reachable".into())
                     })),
@@ -258,10 +252,7 @@ impl Inner {
             })
             .collect();
         let results = self.fan_out(jobs, |holder, reqs| {
-            self.with_conn(holder, |c| {
-                let replies = c.pipeline(&reqs)?;
-                replies.into_iter().try_for_each(|r| c.check(r).map(drop))
-            })
+            self.with_conn(holder, |c| c.pipeline_checked(&reqs))
         });
         for (holder, r) in results {
             if let Err(e) = r {

@@ -54,10 +54,17 @@ struct KeyRead {
     next: usize,
     /// Answers wanted: the replicas asked in the first round.
     wanted: usize,
+    answers: Vec<(usize, Answer)>,
+}
+
+impl KeyRead {
     /// Whether some replica has sent its copy (else the next one asked
     /// must send it).
-    has_copy: bool,
-    answers: Vec<(usize, Answer)>,
+    fn has_copy(&self) -> bool {
+        self.answers
+            .iter()
+            .any(|(_, a)| matches!(a, Answer::Copy(_)))
+    }
 }
 
 /// Per node asked: the node, what it was asked, and its answers as
@@ -65,7 +72,7 @@ struct KeyRead {
 type NodeAnswers = Vec<(usize, NodeAsk, Result<Vec<(usize, Answer)>>)>;
 
 /// Keys to ask one node for: copies and digests.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct NodeAsk {
     copies: Vec<usize>,
     digests: Vec<usize>,
@@ -87,7 +94,6 @@ impl Cluster {
                     order,
                     next: 0,
                     wanted,
-                    has_copy: false,
                     answers: Vec::with_capacity(wanted),
                 }
             })
@@ -100,7 +106,7 @@ impl Cluster {
             for &k in &pending {
                 let r = &mut reads[k];
                 let mut asked = 0;
-                let mut copy_asked = r.has_copy;
+                let mut copy_asked = r.has_copy();
                 while r.answers.len() + asked < r.wanted || !copy_asked {
                     let Some(&node) = r.order.get(r.next) else {
                         break;
@@ -124,9 +130,7 @@ impl Cluster {
                 match result {
                     Ok(answers) => {
                         for (k, a) in answers {
-                            let r = &mut reads[k];
-                            r.has_copy |= matches!(a, Answer::Copy(_));
-                            r.answers.push((node, a));
+                            reads[k].answers.push((node, a));
                         }
                     }
                     // Ask this node's keys of their next replica.
@@ -186,13 +190,7 @@ impl Cluster {
     /// parallel; per node, its answers as `(key index, answer)`.
     fn ask_all(&self, keys: &[&[u8]], asks: BTreeMap<usize, NodeAsk>) -> NodeAnswers {
         let jobs: Vec<(usize, NodeAsk)> = asks.into_iter().collect();
-        let shapes: Vec<NodeAsk> = jobs
-            .iter()
-            .map(|(_, a)| NodeAsk {
-                copies: a.copies.clone(),
-                digests: a.digests.clone(),
-            })
-            .collect();
+        let shapes: Vec<NodeAsk> = jobs.iter().map(|(_, a)| a.clone()).collect();
         let results = self.inner.fan_out(jobs, |node, ask| {
             let copies: Vec<&[u8]> = ask.copies.iter().map(|&k| keys[k]).collect();
             let digests: Vec<&[u8]> = ask.digests.iter().map(|&k| keys[k]).collect();
@@ -413,21 +411,15 @@ impl Cluster {
                 asks.entry(node).or_default().digests.push(k);
             }
         }
-        // Per key: `None` no answer yet, `Some(None)` no copy, else the
-        // newest digest.
-        let mut newest: Vec<Option<Option<Digest>>> = vec![None; keys.len()];
+        // Per key, the newest digest any replica answered.
+        let mut newest: Vec<Option<Digest>> = vec![None; keys.len()];
         let mut failed: Vec<usize> = Vec::new();
         for (_, ask, result) in self.ask_all(keys, asks) {
             match result {
                 Ok(answers) => {
                     for (k, a) in answers {
-                        let Answer::Digest(d) = a else { continue };
-                        let better = match (&newest[k], d) {
-                            (None, _) | (Some(None), Some(_)) => true,
-                            (Some(Some(cur)), Some(d)) => d.version > cur.version,
-                            _ => false,
-                        };
-                        if better {
+                        let Answer::Digest(Some(d)) = a else { continue };
+                        if newest[k].is_none_or(|cur| d.version > cur.version) {
                             newest[k] = Some(d);
                         }
                     }
@@ -443,15 +435,15 @@ impl Cluster {
         failed.dedup();
         for k in failed {
             let copy = self.mget_stored(&keys[k..=k])?.pop().flatten();
-            newest[k] = Some(copy.map(|c| Digest {
+            newest[k] = copy.map(|c| Digest {
                 version: version_of(&c),
                 crc: 0,
                 deleted: Versioned::decode(c).value.is_none(),
-            }));
+            });
         }
         Ok(newest
             .into_iter()
-            .map(|d| d.flatten().is_some_and(|d| !d.deleted))
+            .map(|d| d.is_some_and(|d| !d.deleted))
             .collect())
     }
 

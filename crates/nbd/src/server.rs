@@ -136,6 +136,15 @@ impl NbdServer {
         Ok(Some(blocks))
     }
 
+    /// [`Self::export`] on the blocking pool.
+    async fn export_off_runtime(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<Result<Option<Arc<Blocks>>>> {
+        let (this, name) = (self.clone(), name.to_string());
+        off_runtime(move || this.export(&name)).await
+    }
+
     /// Serves one connection until the client leaves or breaks the protocol.
     pub async fn serve<S>(self: Arc<Self>, stream: S)
     where
@@ -205,12 +214,7 @@ impl NbdServer {
             match option {
                 opt::EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data).into_owned();
-                    let this = self.clone();
-                    let lookup = name.clone();
-                    let found = tokio::task::spawn_blocking(move || this.export(&lookup))
-                        .await
-                        .map_err(|e| NbdError::Protocol(e.to_string()))??;
-                    let Some(blocks) = found else {
+                    let Some(blocks) = self.export_off_runtime(&name).await?? else {
                         return Err(NbdError::Protocol(format!("no export {name:?}")));
                     };
                     let mut b = blocks.volume().size.to_be_bytes().to_vec();
@@ -237,10 +241,7 @@ impl NbdServer {
                         continue;
                     }
                     let store = self.store.clone();
-                    let listed = tokio::task::spawn_blocking(move || volume::list(&*store))
-                        .await
-                        .map_err(|e| NbdError::Protocol(e.to_string()))?;
-                    let vols = match listed {
+                    let vols = match off_runtime(move || volume::list(&*store)).await? {
                         Ok(v) => v,
                         Err(e) => {
                             wr.write_all(&error(
@@ -270,12 +271,7 @@ impl NbdServer {
                             .await?;
                         continue;
                     };
-                    let this = self.clone();
-                    let name = req.name.clone();
-                    let found = tokio::task::spawn_blocking(move || this.export(&name))
-                        .await
-                        .map_err(|e| NbdError::Protocol(e.to_string()))?;
-                    let blocks = match found {
+                    let blocks = match self.export_off_runtime(&req.name).await? {
                         Ok(Some(b)) => b,
                         Ok(None) => {
                             wr.write_all(&error(
@@ -854,6 +850,14 @@ fn read_reply(s: &Session, req: &Request, data: &[u8]) -> Vec<u8> {
     r
 }
 
+/// Runs a call that may block (the cluster client) on tokio's blocking
+/// pool, keeping the runtime's threads free for the sockets.
+async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| NbdError::Protocol(format!("a blocking task failed: {e}")))
+}
+
 /// The transmission flags of every export.
 fn export_flags() -> u16 {
     tflag::HAS_FLAGS
@@ -911,9 +915,7 @@ impl NbdServer {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.flush())
-            .await
-            .map_err(|e| NbdError::Protocol(e.to_string()))?
+        off_runtime(move || this.flush()).await?
     }
 }
 

@@ -541,20 +541,41 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
 /// has no key count, so this scans the key space in small chunks.
 pub fn dbsize(state: &NodeState) -> engine::Result<usize> {
     let mut n = 0;
-    for (mut start, end) in visible_parts(b"", b"") {
-        while n < DBSIZE_CAP {
-            let chunk = state.db.scan_keys(&start, &end, DBSIZE_CHUNK)?;
-            n += chunk.len();
-            match chunk.last() {
-                Some(k) if chunk.len() == DBSIZE_CHUNK => {
-                    start = k.to_vec();
-                    start.push(0);
-                }
-                _ => break,
-            }
+    for (start, end) in visible_parts(b"", b"") {
+        if n >= DBSIZE_CAP {
+            break;
         }
+        scan_key_pages(&state.db, start, &end, DBSIZE_CHUNK, |page| {
+            n += page.len();
+            n < DBSIZE_CAP
+        })?;
     }
     Ok(n.min(DBSIZE_CAP))
+}
+
+/// Lists the keys of `[start, end)` (empty `end`: unbounded) in pages of
+/// `page` keys, handing each page to `f` until it returns false or the
+/// range ends. Reads no value.
+pub fn scan_key_pages(
+    db: &engine::Db,
+    mut start: Vec<u8>,
+    end: &[u8],
+    page: usize,
+    mut f: impl FnMut(&[Bytes]) -> bool,
+) -> engine::Result<()> {
+    loop {
+        let keys = db.scan_keys(&start, end, page)?;
+        if !f(&keys) {
+            return Ok(());
+        }
+        match keys.last() {
+            Some(last) if keys.len() == page => {
+                start = last.to_vec();
+                start.push(0);
+            }
+            _ => return Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

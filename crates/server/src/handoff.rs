@@ -217,11 +217,9 @@ fn prepare(
         .multi_get_meta(&hint_refs)
         .map_err(|e| format!("reading hints: {e}"))?
         .into_iter()
-        .map(|m| match m.map(|m| (m.tag, m.value_len)) {
-            Some((engine::Tagging::Tagged(t), len)) => {
-                protocol::versioned::version_of_tag(&t, len as usize)
-            }
-            _ => 0,
+        .map(|m| {
+            m.and_then(|m| crate::vcmd::version_from_index(m.tag, m.value_len as usize))
+                .unwrap_or(0)
         })
         .collect();
     let mut vset: Vec<Bytes> = vec![Bytes::from_static(b"VSET")];

@@ -71,13 +71,11 @@ pub const PENDING_CAP: u64 = 1_000_000;
 /// flag says so). Counted when asked, so it never drifts from the store.
 pub fn pending(db: &engine::Db) -> engine::Result<(BTreeMap<String, u64>, bool)> {
     const CHUNK: usize = 4096;
-    let end = hints_end();
-    let mut start = hints_start();
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut total = 0u64;
-    loop {
-        let keys = db.scan_keys(&start, &end, CHUNK)?;
-        for k in &keys {
+    let mut capped = false;
+    crate::data::scan_key_pages(db, hints_start(), &hints_end(), CHUNK, |keys| {
+        for k in keys {
             if let Some((target, _)) = parse_hint_key(k) {
                 *counts
                     .entry(String::from_utf8_lossy(target).into_owned())
@@ -85,17 +83,11 @@ pub fn pending(db: &engine::Db) -> engine::Result<(BTreeMap<String, u64>, bool)>
             }
         }
         total += keys.len() as u64;
-        match keys.last() {
-            Some(last) if keys.len() == CHUNK => {
-                if total >= PENDING_CAP {
-                    return Ok((counts, true));
-                }
-                start = last.to_vec();
-                start.push(0);
-            }
-            _ => return Ok((counts, false)),
-        }
-    }
+        // A full page with the cap reached: there may be more.
+        capped = keys.len() == CHUNK && total >= PENDING_CAP;
+        !capped
+    })?;
+    Ok((counts, capped))
 }
 
 /// Hinted handoff's counters and the handoff thread's wake-up.

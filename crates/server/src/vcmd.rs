@@ -122,11 +122,17 @@ fn write(state: &NodeState, ops: &[BatchOp]) -> engine::Result<Vec<bool>> {
 /// value's tag, or 0 for a value known to have none); `None` when only the
 /// value can tell (an entry older than tags) or the key is absent.
 pub fn indexed_version(current: &engine::Current<'_>) -> Option<u64> {
-    match (current.tag(), current.len()) {
-        (Tagging::Tagged(tag), Some(len)) => Some(version_of_tag(&tag, len)),
+    version_from_index(current.tag(), current.len()?)
+}
+
+/// The version of a stored copy of `len` bytes from what its index entry
+/// records of its tag; `None` when the entry does not know.
+pub fn version_from_index(tag: Tagging, len: usize) -> Option<u64> {
+    match tag {
+        Tagging::Tagged(tag) => Some(version_of_tag(&tag, len)),
         // A value without the versioned header is version 0.
-        (Tagging::Untagged, Some(_)) => Some(0),
-        _ => None,
+        Tagging::Untagged => Some(0),
+        Tagging::Unknown => None,
     }
 }
 
