@@ -254,30 +254,28 @@ impl Blocks {
                 )
             })
             .collect();
-        // A delete of a chunk that was not read (wholly zeroed) may find
-        // nothing to delete: ask which exist, and leave the others alone
-        // rather than write tombstones for them (a TRIM of a fresh volume
-        // writes nothing). Chunks read for a partial write are known.
-        let unknown: Vec<usize> = (0..ops.len())
-            .filter(|&i| ops[i].1.is_none() && partial.binary_search(&touched[i]).is_err())
+        // Whether each chunk holds data now: known for the chunks read for
+        // a partial write, asked of the store for wholly zeroed ones. A
+        // delete of a chunk that holds nothing is skipped, so a TRIM of a
+        // fresh volume writes no tombstones.
+        let mut held: Vec<Option<bool>> = touched
+            .iter()
+            .map(|c| partial.binary_search(c).ok().map(|i| current[i].is_some()))
             .collect();
-        let mut absent = vec![false; ops.len()];
+        let unknown: Vec<usize> = (0..ops.len())
+            .filter(|&i| ops[i].1.is_none() && held[i].is_none())
+            .collect();
         if !unknown.is_empty() {
             let probe: Vec<&[u8]> = unknown.iter().map(|&i| ops[i].0).collect();
             for (&i, exists) in unknown.iter().zip(self.store.exists(&probe)?) {
-                absent[i] = !exists;
-            }
-        }
-        for (i, c) in touched.iter().enumerate() {
-            if let (None, Ok(pi)) = (ops[i].1, partial.binary_search(c)) {
-                // Read as absent: nothing to delete either.
-                absent[i] = current.get(pi).is_some_and(|v| v.is_none());
+                held[i] = Some(exists);
             }
         }
         let ops: Vec<WriteOp<'_>> = ops
             .into_iter()
-            .zip(absent)
-            .filter_map(|(op, gone)| (!gone).then_some(op))
+            .zip(held)
+            .filter(|(op, held)| op.1.is_some() || *held != Some(false))
+            .map(|(op, _)| op)
             .collect();
         // Large batches go in parts so one cluster request stays bounded.
         for batch in ops.chunks((8 << 20) / cs + 1) {

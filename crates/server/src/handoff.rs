@@ -98,33 +98,25 @@ fn round(
             continue;
         }
         let name = String::from_utf8_lossy(&target).into_owned();
-        let (began, delivered) = (
-            std::time::Instant::now(),
-            state
-                .hints
-                .delivered
-                .load(std::sync::atomic::Ordering::Relaxed),
-        );
-        let outcome = deliver_target(state, conns, &target, first.to_vec());
-        let n = state
-            .hints
-            .delivered
-            .load(std::sync::atomic::Ordering::Relaxed)
-            - delivered;
-        if n > 0 {
-            tracing::info!(target = %name, writes = n, seconds = began.elapsed().as_secs_f64(), "handed off missed writes");
+        let began = std::time::Instant::now();
+        let mut delivered = 0;
+        let outcome = deliver_target(state, conns, &target, first.to_vec(), &mut delivered);
+        if delivered > 0 {
+            tracing::info!(target = %name, writes = delivered, seconds = began.elapsed().as_secs_f64(), "handed off missed writes");
         }
-        if outcome.is_ok() {
-            failed_at.remove(&target);
-        }
-        if let Err(why) = outcome {
-            failed_at.insert(target.clone(), std::time::Instant::now());
-            conns.remove(&target);
-            let mut errors = state.hints.last_error.lock();
-            if errors.get(&name) != Some(&why) {
-                tracing::info!(target = %name, reason = %why, "hinted writes wait for their node");
+        match outcome {
+            Ok(()) => {
+                failed_at.remove(&target);
             }
-            errors.insert(name, why);
+            Err(why) => {
+                failed_at.insert(target.clone(), std::time::Instant::now());
+                conns.remove(&target);
+                let mut errors = state.hints.last_error.lock();
+                if errors.get(&name) != Some(&why) {
+                    tracing::info!(target = %name, reason = %why, "hinted writes wait for their node");
+                }
+                errors.insert(name, why);
+            }
         }
         start = after_target(&target);
     }
@@ -133,8 +125,8 @@ fn round(
 
 /// A batch of hints for one target, its copies sent, its replies awaited.
 struct InFlight {
-    /// The hint keys and, per hint, the version sent (`u64::MAX`: no copy
-    /// left to send, the hint is just cleared).
+    /// The hint keys and, per hint, the version it is settled by: the copy
+    /// sent or the hint's own version, whichever is newer.
     settled: Vec<(Bytes, u64)>,
     /// Requests sent (their replies to read).
     requests: usize,
@@ -142,12 +134,14 @@ struct InFlight {
 
 /// Delivers every hint for `target` from `start` on, in batches, with up
 /// to [`IN_FLIGHT`] batches in flight: the next batch's copies are read
-/// from this node while the target stores the previous ones.
+/// from this node while the target stores the previous ones. Counts the
+/// hints settled into `delivered`, also when it fails part way.
 fn deliver_target(
     state: &NodeState,
     conns: &mut HashMap<Vec<u8>, Conn>,
     target: &[u8],
     mut start: Vec<u8>,
+    delivered: &mut u64,
 ) -> Result<(), String> {
     let end = after_target(target);
     let mut in_flight: std::collections::VecDeque<InFlight> = Default::default();
@@ -167,13 +161,13 @@ fn deliver_target(
         };
         let Some((batch, reqs)) = next else {
             while let Some(done) = in_flight.pop_front() {
-                finish(state, conns, target, done)?;
+                *delivered += finish(state, conns, target, done)?;
             }
             return Ok(());
         };
         if in_flight.len() >= IN_FLIGHT {
             if let Some(done) = in_flight.pop_front() {
-                finish(state, conns, target, done)?;
+                *delivered += finish(state, conns, target, done)?;
             }
         }
         if let Some((last, _)) = batch.last() {
@@ -255,13 +249,13 @@ fn prepare(
 }
 
 /// Reads a batch's replies and deletes its hints, each unless a newer
-/// hint for its key arrived meanwhile.
+/// hint for its key arrived meanwhile; how many it deleted.
 fn finish(
     state: &NodeState,
     conns: &mut HashMap<Vec<u8>, Conn>,
     target: &[u8],
     done: InFlight,
-) -> Result<(), String> {
+) -> Result<u64, String> {
     if done.requests > 0 {
         let conn = connect(state, conns, target)?;
         for r in conn.receive(done.requests).map_err(|e| e.to_string())? {
@@ -281,7 +275,7 @@ fn finish(
         .map_err(|e| format!("clearing delivered hints: {e}"))?;
     let n = deleted.iter().filter(|&&d| d).count() as u64;
     state.hints.delivered(&String::from_utf8_lossy(target), n);
-    Ok(())
+    Ok(n)
 }
 
 /// A connection to `target`, opened (and authenticated with this node's
