@@ -44,6 +44,16 @@ impl Cluster {
         self.inner.write(entries)
     }
 
+    /// Stores and deletes (`None`) `ops` as one atomic batch on each
+    /// replica: after a crash a node holds all of them or none. Every key
+    /// must map to the same replicas (give them one hash tag, `{tag}`), and
+    /// the batch must fit one request; otherwise nothing is written and
+    /// [`ClientError::Config`] says why. Replication, quorum and hints as
+    /// for [`Cluster::mset`].
+    pub fn write_atomic(&self, ops: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
+        self.inner.write_atomic(ops.to_vec())
+    }
+
     /// Makes every write the nodes acknowledged durable on their devices,
     /// whatever each node's `--durability`: `FSYNC` on every node that is
     /// up, in parallel. Nodes known to be down are skipped (the writes they
@@ -99,8 +109,41 @@ struct KeyWrite {
 
 impl Inner {
     /// Writes `(key, Some(value))` or `(key, None)` (delete) entries at one
-    /// new version.
+    /// new version, atomic per key.
     pub(crate) fn write(&self, entries: Vec<(&[u8], Option<&[u8]>)>) -> Result<()> {
+        self.write_with(entries, false)
+    }
+
+    /// Writes entries whose keys share their replicas as one `VBATCH` per
+    /// replica: all or nothing on each node.
+    pub(crate) fn write_atomic(&self, entries: Vec<(&[u8], Option<&[u8]>)>) -> Result<()> {
+        let Some((first, _)) = entries.first() else {
+            return Ok(());
+        };
+        let replicas = self.ring.replicas(first, self.replicas);
+        if let Some((k, _)) = entries
+            .iter()
+            .find(|(k, _)| self.ring.replicas(k, self.replicas) != replicas)
+        {
+            return Err(ClientError::Config(format!(
+                "an atomic batch must stay on one replica set, but {:?} and {:?} map to different nodes (give them one hash tag)",
+                String::from_utf8_lossy(first),
+                String::from_utf8_lossy(k)
+            )));
+        }
+        let bytes: usize = entries
+            .iter()
+            .map(|(k, v)| k.len() + v.map_or(0, <[u8]>::len) + 32)
+            .sum();
+        if bytes > MAX_WRITE_REQUEST {
+            return Err(ClientError::Config(format!(
+                "an atomic batch of {bytes} bytes exceeds one request ({MAX_WRITE_REQUEST} bytes)"
+            )));
+        }
+        self.write_with(entries, true)
+    }
+
+    fn write_with(&self, entries: Vec<(&[u8], Option<&[u8]>)>, atomic: bool) -> Result<()> {
         let version = self.next_version();
         let version_text = version.to_string();
         let mut per_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -129,6 +172,18 @@ impl Inner {
         let jobs: Vec<(usize, Vec<usize>)> = per_node.into_iter().collect();
         let groups: Vec<Vec<usize>> = jobs.iter().map(|(_, idx)| idx.clone()).collect();
         let results = self.fan_out(jobs, |node, idx| {
+            if atomic {
+                let mut req: Vec<&[u8]> = vec![b"VBATCH"];
+                for &e in &idx {
+                    let (key, value) = entries[e];
+                    let (kind, v): (&[u8], &[u8]) = match value {
+                        Some(v) => (b"SET", v),
+                        None => (b"DEL", b""),
+                    };
+                    req.extend([key, version_text.as_bytes(), kind, v]);
+                }
+                return self.with_conn(node, |c| c.pipeline_checked(&[req]));
+            }
             // VSETs of at most MAX_WRITE_REQUEST bytes each (at least one
             // pair), pipelined: a node bounds one request (`max_request`)
             // and the request memory all clients hold while it is read.

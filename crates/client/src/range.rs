@@ -245,6 +245,33 @@ impl Cluster {
         Ok(out)
     }
 
+    /// Up to `limit` keys with `start <= key < end` in key order, listed
+    /// without reading values. May include keys recently deleted (their
+    /// tombstones): for finding what to delete, not what exists.
+    pub fn range_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Bytes>> {
+        let inner = &*self.inner;
+        let all = inner.nodes.len();
+        let up: Vec<usize> = (0..all).filter(|&i| inner.is_up(i)).collect();
+        let page = (limit / up.len().max(1)).saturating_add(limit / 4 + 8);
+        let mut merger = Merger::new(inner, up.clone(), start, end, page).keys_only();
+        let mut out = Vec::with_capacity(limit.min(4096));
+        while out.len() < limit {
+            let next = merger.next_key()?;
+            let down = all - up.len() + merger.failed.len();
+            if down >= inner.replicas {
+                return Err(ClientError::Unavailable(format!(
+                    "{down} of {all} nodes are down; with {} replicas some keys may have no copy",
+                    inner.replicas
+                )));
+            }
+            match next {
+                Some((key, _)) => out.push(key),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
     /// The newest stored copy of `key` among `nodes` (those that listed it).
     fn newest_from(&self, key: &[u8], nodes: &[usize]) -> Result<Option<Bytes>> {
         let mut copies = Vec::new();

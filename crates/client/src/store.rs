@@ -27,9 +27,23 @@ pub trait Store: Send + Sync {
     fn exists(&self, keys: &[&[u8]]) -> Result<Vec<bool>>;
     /// Stores and deletes, each atomic per key.
     fn write(&self, ops: &[WriteOp<'_>]) -> Result<()>;
+    /// Stores and deletes as one batch that a crash leaves whole or absent
+    /// on each replica. All keys must share their replicas (one hash tag)
+    /// and fit one request, else nothing is written and an error says why.
+    fn write_atomic(&self, ops: &[WriteOp<'_>]) -> Result<()>;
     /// Up to `limit` pairs with `start <= key < end` (empty `end`: no
     /// bound), in key order.
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>>;
+    /// Up to `limit` keys with `start <= key < end` in key order, without
+    /// their values; may include keys deleted recently (for finding what
+    /// to delete, not what exists).
+    fn range_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Bytes>> {
+        Ok(self
+            .range(start, end, limit)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
+    }
     /// Makes every write that returned so far durable.
     fn sync(&self) -> Result<()>;
 
@@ -57,8 +71,14 @@ impl Store for Cluster {
     fn write(&self, ops: &[WriteOp<'_>]) -> Result<()> {
         self.inner.write(ops.to_vec())
     }
+    fn write_atomic(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        self.inner.write_atomic(ops.to_vec())
+    }
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
         Cluster::range(self, start, end, limit)
+    }
+    fn range_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Bytes>> {
+        Cluster::range_keys(self, start, end, limit)
     }
     fn sync(&self) -> Result<()> {
         Cluster::sync(self)
@@ -112,6 +132,10 @@ impl Store for MemStore {
             };
         }
         Ok(())
+    }
+    fn write_atomic(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        // One lock hold: atomic for every reader.
+        self.write(ops)
     }
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
         let map = self.map.lock();

@@ -10,19 +10,19 @@ use client::{Cluster, ClusterConfig};
 #[derive(Args, Debug)]
 pub struct ClusterTarget {
     /// Node addresses, host:port,host:port,...
-    #[arg(long, conflicts_with = "cluster_config")]
+    #[arg(long, global = true, conflicts_with = "cluster_config")]
     nodes: Option<String>,
     /// Cluster TOML file (nodes = [...], replicas, write_quorum, read_quorum,
     /// timeouts, password).
     /// Without a password there, LIGHTSTORE_PASSWORD is used.
-    #[arg(long = "cluster-config", value_name = "FILE")]
+    #[arg(long = "cluster-config", global = true, value_name = "FILE")]
     cluster_config: Option<PathBuf>,
     /// Copies per key (default 2 with at least 2 nodes).
-    #[arg(long)]
+    #[arg(long, global = true)]
     replicas: Option<usize>,
     /// Replicas a read asks (default: every replica that is up, newest copy
     /// wins; 1 reads one replica, faster but possibly stale).
-    #[arg(long = "read-quorum", value_name = "N")]
+    #[arg(long = "read-quorum", global = true, value_name = "N")]
     read_quorum: Option<usize>,
 }
 

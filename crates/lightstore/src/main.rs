@@ -2,7 +2,8 @@
 //! (the node server: one device served over RESP), `bench` (the paper's
 //! workloads against the engine in-process), `cluster` (status, repair and
 //! key commands through the cluster client), `up` (a local N-node
-//! cluster), `nbd` (volumes served over NBD) and `volume` (manage them).
+//! cluster), `nbd` (volumes served over NBD), `volume` (manage them), `fs` (manage
+//! file systems) and `mount` (serve one through FUSE).
 
 use std::io::IsTerminal;
 
@@ -10,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod cluster_cmd;
+mod fs_cmd;
 mod nbd_cmd;
 mod node;
 mod up;
@@ -40,6 +42,10 @@ enum Command {
     Nbd(nbd_cmd::NbdArgs),
     /// Create, list, inspect, resize and delete block volumes.
     Volume(nbd_cmd::VolumeArgs),
+    /// Create, list, inspect and delete file systems.
+    Fs(fs_cmd::FsArgs),
+    /// Mount a file system through FUSE; runs until unmounted.
+    Mount(fs_cmd::MountArgs),
 }
 
 /// Makes glibc's malloc give large buffers back to the system when they are
@@ -82,6 +88,8 @@ fn main() {
         Command::Up(args) => up::run(args),
         Command::Nbd(args) => nbd_cmd::run_nbd(args),
         Command::Volume(args) => nbd_cmd::run_volume(args),
+        Command::Fs(args) => fs_cmd::run_fs(args),
+        Command::Mount(args) => fs_cmd::run_mount(args),
     };
     if let Err(e) = result {
         eprintln!("lightstore: {e}");

@@ -27,6 +27,7 @@ pub enum Cmd {
     Range,
     Vset,
     Vdel,
+    Vbatch,
     Vmeta,
     Fsync,
     Hint,
@@ -59,6 +60,7 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Range, "range", -3),
     (Cmd::Vset, "vset", -4),
     (Cmd::Vdel, "vdel", -3),
+    (Cmd::Vbatch, "vbatch", -5),
     (Cmd::Vmeta, "vmeta", -2),
     (Cmd::Fsync, "fsync", 1),
     (Cmd::Hint, "hint", -4),
@@ -193,7 +195,14 @@ impl Cmd {
     pub fn writes(self) -> bool {
         matches!(
             self,
-            Cmd::Set | Cmd::Mset | Cmd::Del | Cmd::Vset | Cmd::Vdel | Cmd::Fsync | Cmd::Hint
+            Cmd::Set
+                | Cmd::Mset
+                | Cmd::Del
+                | Cmd::Vset
+                | Cmd::Vdel
+                | Cmd::Vbatch
+                | Cmd::Fsync
+                | Cmd::Hint
         )
     }
 
@@ -213,6 +222,7 @@ impl Cmd {
                 | Cmd::Range
                 | Cmd::Vset
                 | Cmd::Vdel
+                | Cmd::Vbatch
                 | Cmd::Vmeta
                 | Cmd::Fsync
                 | Cmd::Hint

@@ -31,6 +31,7 @@ pub fn reserved_key_in_write(cmd: Cmd, args: &[Bytes]) -> Option<&Bytes> {
         Cmd::Del | Cmd::Mget | Cmd::Exists | Cmd::Vmeta => (1, 1),
         Cmd::Vset => (1, 3),
         Cmd::Vdel => (1, 2),
+        Cmd::Vbatch => (1, 4),
         Cmd::Hint => (2, 2),
         _ => return None,
     };
@@ -136,6 +137,11 @@ mod tests {
         assert!(
             reserved_key_in_write(Cmd::Vdel, &b(&[b"VDEL", b"a", b"1", &hint, b"2"])).is_some()
         );
+        assert!(reserved_key_in_write(
+            Cmd::Vbatch,
+            &b(&[b"VBATCH", b"a", b"1", b"DEL", b"", &hint, b"2", b"SET", b"v"])
+        )
+        .is_some());
         assert!(reserved_key_in_write(Cmd::Del, &b(&[b"DEL", b"a", &hint])).is_some());
         assert!(reserved_key_in_write(Cmd::Get, &b(&[b"GET", &hint])).is_some());
         assert!(reserved_key_in_write(Cmd::Mget, &b(&[b"MGET", b"a", &hint])).is_some());

@@ -11,6 +11,12 @@
 //! group-commit together, and replicas only ever move forward in that
 //! order, whatever order writes and repairs arrive in.
 //!
+//! `VBATCH key version kind value [key version kind value ...]` writes
+//! stores (`kind` SET) and tombstones (`kind` DEL, `value` ignored) the same
+//! way, all in one engine batch: after a crash either every write it made
+//! is there or none is (the file adapter's metadata changes). Replies like
+//! VSET.
+//!
 //! `VMETA key [key ...]` answers, per key, what a replica holds without
 //! sending it: nil when absent, else `[version, crc32c, length, deleted]`
 //! of the stored copy (version as a decimal bulk string, the others
@@ -35,6 +41,31 @@ pub fn vwrite(state: &NodeState, args: &[Bytes], tombstone: bool) -> engine::Res
         Ok(ops) => ops,
         Err(reply) => return Ok(reply),
     };
+    let written = write(state, &ops)?;
+    Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
+}
+
+/// VBATCH: mixed stores and tombstones as one atomic batch.
+pub fn vbatch(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let rest = &args[1..];
+    if rest.is_empty() || !rest.len().is_multiple_of(4) {
+        return Ok(errors::wrong_args("vbatch"));
+    }
+    let mut items = Vec::with_capacity(rest.len() / 4);
+    for op in rest.chunks_exact(4) {
+        let Some(version) = parse_version(&op[1]) else {
+            return Ok(Reply::err("version is not an unsigned 64-bit integer"));
+        };
+        let stored = if op[2].eq_ignore_ascii_case(b"SET") {
+            encode_value(version, &op[3])
+        } else if op[2].eq_ignore_ascii_case(b"DEL") {
+            encode_tombstone(version)
+        } else {
+            return Ok(Reply::err("vbatch kind must be SET or DEL"));
+        };
+        items.push((&op[0], stored));
+    }
+    let ops = greatest_per_key(items);
     let written = write(state, &ops)?;
     Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
 }
@@ -86,12 +117,18 @@ fn parse(args: &[Bytes], tombstone: bool) -> Result<Vec<BatchOp>, Reply> {
         };
         items.push((&chunk[0], stored));
     }
+    Ok(greatest_per_key(items))
+}
+
+/// One put per distinct key: the greatest of duplicates (see
+/// [`cmp_stored`]), as if they arrived one by one.
+fn greatest_per_key(mut items: Vec<(&Bytes, Bytes)>) -> Vec<BatchOp> {
     items.sort_by(|a, b| a.0.cmp(b.0).then_with(|| cmp_stored(&b.1, &a.1)));
     items.dedup_by(|later, first| later.0 == first.0);
-    Ok(items
+    items
         .into_iter()
         .map(|(key, stored)| BatchOp::Put(key.clone(), stored))
-        .collect())
+        .collect()
 }
 
 /// Writes each op whose copy is greater than the key's current one (see

@@ -1,0 +1,162 @@
+//! File contents: chunked reads and writes, truncation.
+//!
+//! Contract: a chunk stores the file's bytes from its start up to the last
+//! byte written, never past the file's size (what a truncation cut off is
+//! deleted before the size shrinks). A write stores its chunks first and
+//! then grows the size in the cache (written back on close, fsync, a timer
+//! or unmount); before the first write past the stored size it records the
+//! file's growth mark, so after a crash the next open drops any chunk
+//! bytes past the stored size and later growth reads zeros, not old data.
+
+use crate::cache::Cached;
+use crate::error::{posix, Result};
+use crate::filesystem::FileSystem;
+use crate::inode::{Kind, Time};
+
+/// Largest file size (the kernel's limit for a 64-bit off_t, rounded).
+pub const MAX_FILE_SIZE: u64 = 1 << 60;
+
+impl FileSystem {
+    /// Up to `size` bytes of `ino` from `offset` (fewer at the end).
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let i = self.inode(ino)?;
+        if i.kind == Kind::Dir {
+            return posix(libc::EISDIR);
+        }
+        if offset >= i.size || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = i.size.min(offset.saturating_add(u64::from(size)));
+        let mut out = vec![0u8; (end - offset) as usize];
+        let first = offset / self.chunk;
+        let last = (end - 1) / self.chunk;
+        let keys: Vec<Vec<u8>> = (first..=last).map(|c| self.keys.chunk(ino, c)).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        for (c, value) in (first..=last).zip(self.store.mget(&refs)?) {
+            let Some(value) = value else { continue };
+            let start = c * self.chunk;
+            // The part of this chunk the read covers, chunk-relative.
+            let lo = offset.max(start) - start;
+            let hi = (end.min(start + self.chunk) - start).min(value.len() as u64);
+            if lo < hi {
+                let at = (start + lo - offset) as usize;
+                out[at..at + (hi - lo) as usize].copy_from_slice(&value[lo as usize..hi as usize]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` to `ino` at `offset`.
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
+        let end = match offset.checked_add(data.len() as u64) {
+            Some(e) if e <= MAX_FILE_SIZE => e,
+            _ => return posix(libc::EFBIG),
+        };
+        if data.is_empty() {
+            return Ok(());
+        }
+        let _data = self.data_lock(ino);
+        let i = self.inode(ino)?;
+        if i.kind == Kind::Dir {
+            return posix(libc::EISDIR);
+        }
+        self.mark_growing(ino, end)?;
+        let size = i.size;
+        let first = offset / self.chunk;
+        let last = (end - 1) / self.chunk;
+        // Chunks this write covers only in part, holding bytes to keep.
+        let partial: Vec<u64> = [first, last]
+            .into_iter()
+            .filter(|&c| {
+                let start = c * self.chunk;
+                let keep_end = (start + self.chunk).min(size);
+                start < size && !(offset <= start && end >= keep_end)
+            })
+            .collect::<std::collections::BTreeSet<u64>>()
+            .into_iter()
+            .collect();
+        let old_keys: Vec<Vec<u8>> = partial.iter().map(|&c| self.keys.chunk(ino, c)).collect();
+        let refs: Vec<&[u8]> = old_keys.iter().map(|k| &k[..]).collect();
+        let old = if refs.is_empty() {
+            Vec::new()
+        } else {
+            self.store.mget(&refs)?
+        };
+        let mut chunks: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity((last - first + 1) as usize);
+        for c in first..=last {
+            let start = c * self.chunk;
+            let mut value = match partial.iter().position(|&p| p == c) {
+                Some(at) => old[at].as_ref().map(|v| v.to_vec()).unwrap_or_default(),
+                None => Vec::new(),
+            };
+            // Never keep stored bytes past the size (see the module doc).
+            value.truncate(size.saturating_sub(start).min(self.chunk) as usize);
+            let lo = (offset.max(start) - start) as usize;
+            let hi = (end.min(start + self.chunk) - start) as usize;
+            if value.len() < hi {
+                value.resize(hi, 0);
+            }
+            let from = (start + lo as u64 - offset) as usize;
+            value[lo..hi].copy_from_slice(&data[from..from + (hi - lo)]);
+            chunks.push((self.keys.chunk(ino, c), value));
+        }
+        let ops: Vec<(&[u8], Option<&[u8]>)> =
+            chunks.iter().map(|(k, v)| (&k[..], Some(&v[..]))).collect();
+        self.store.write(&ops)?;
+        let now = Time::now();
+        self.update_cached(ino, |c| {
+            c.inode.size = c.inode.size.max(end);
+            c.inode.mtime = now;
+            c.inode.ctime = now;
+            c.dirty = true;
+        })
+    }
+
+    /// Records the growth mark of `ino` before it grows past its stored
+    /// size to `end`.
+    fn mark_growing(&self, ino: u64, end: u64) -> Result<()> {
+        let needed = self
+            .cache
+            .lock()
+            .get(ino)
+            .is_none_or(|c| !c.growing && end > c.stored_size);
+        if needed {
+            self.store.put(&self.keys.growing(ino), b"")?;
+            self.update_cached(ino, |c| c.growing = true)?;
+        }
+        Ok(())
+    }
+
+    /// Changes the cached inode `ino` (loading it first if needed) under
+    /// the metadata lock.
+    pub(crate) fn update_cached(&self, ino: u64, f: impl FnOnce(&mut Cached)) -> Result<()> {
+        let _ns = self.ns.lock();
+        for _ in 0..3 {
+            if let Some(c) = self.cache.lock().get_mut(ino) {
+                f(c);
+                return Ok(());
+            }
+            self.inode(ino)?;
+        }
+        Err(crate::error::FsError::Corrupt(format!(
+            "inode {ino} keeps leaving the cache"
+        )))
+    }
+
+    /// Deletes the bytes of `ino` from `size` on (chunks past it, the tail
+    /// of the one it ends in).
+    pub(crate) fn drop_data_past(&self, ino: u64, size: u64) -> Result<()> {
+        let (s, e) = self.keys.chunks_from(ino, size.div_ceil(self.chunk));
+        self.delete_keys(&self.list_keys(&s, &e)?)?;
+        let within = size % self.chunk;
+        if within != 0 {
+            let key = self.keys.chunk(ino, size / self.chunk);
+            if let Some(v) = self.store.get(&key)? {
+                if v.len() as u64 > within {
+                    self.store.put(&key, &v[..within as usize])?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,396 @@
+//! The file system's core: inodes through the cache, metadata changes as
+//! atomic transactions, inode numbers, write-back of dirty inodes, and
+//! crash recovery at open. The operations live in `namespace.rs`
+//! (directories), `attrs.rs` (attributes, xattrs) and `data.rs` (file
+//! contents); `fuse.rs` serves them to the kernel. Everything here works on
+//! any [`Store`], so it is tested against the in-memory model.
+//!
+//! Locks, in order: `ns` (held by every change of metadata, store and
+//! cache, for its whole read-modify-write) → a data stripe (`data_lock`,
+//! one file's chunk read-modify-writes) is taken *before* `ns` by writers
+//! that need both → `cache` and `inos` (short, never across store I/O).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use client::Store;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::cache::InodeCache;
+use crate::error::{posix, FsError, Result};
+use crate::inode::Inode;
+use crate::layout::Keys;
+use crate::registry::FsRecord;
+
+/// Inode numbers reserved from the counter at a time.
+const INO_BATCH: u64 = 1024;
+/// Stripes of the per-file data locks.
+const DATA_STRIPES: usize = 64;
+
+/// A mounted (or model-tested) file system.
+pub struct FileSystem {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) keys: Keys,
+    pub(crate) chunk: u64,
+    pub(crate) ns: Mutex<()>,
+    pub(crate) cache: Mutex<InodeCache>,
+    /// Next free inode number and the end of the reserved batch.
+    inos: Mutex<(u64, u64)>,
+    /// Open handles per inode: an unlinked file's data stays until the
+    /// last is released.
+    open: Mutex<HashMap<u64, u32>>,
+    data_locks: Vec<Mutex<()>>,
+}
+
+/// A metadata change: inodes read and changed, other keys written, all
+/// committed as one atomic batch. Only built while holding `ns`.
+pub(crate) struct Txn<'a> {
+    fs: &'a FileSystem,
+    inodes: BTreeMap<u64, Inode>,
+    removed: Vec<u64>,
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl<'a> Txn<'a> {
+    /// Inode `ino` as this change sees it (ENOENT if absent).
+    pub(crate) fn get(&mut self, ino: u64) -> Result<&mut Inode> {
+        if !self.inodes.contains_key(&ino) {
+            let i = self.fs.inode(ino)?;
+            self.inodes.insert(ino, i);
+        }
+        self.inodes
+            .get_mut(&ino)
+            .ok_or_else(|| FsError::Corrupt("transaction lost an inode".into()))
+    }
+
+    /// A copy of inode `ino` as this change sees it.
+    pub(crate) fn read(&mut self, ino: u64) -> Result<Inode> {
+        Ok(self.get(ino)?.clone())
+    }
+
+    /// Adds a new inode.
+    pub(crate) fn create(&mut self, inode: Inode) {
+        self.inodes.insert(inode.ino, inode);
+    }
+
+    /// Deletes inode `ino` (its record; the caller deletes the rest).
+    pub(crate) fn remove(&mut self, ino: u64) {
+        self.inodes.remove(&ino);
+        self.removed.push(ino);
+    }
+
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.ops.push((key, Some(value)));
+    }
+
+    pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        self.ops.push((key, None));
+    }
+
+    /// Writes the change as one atomic batch, then the cache. Every inode
+    /// touched is written whole (with the size it has here), so its growth
+    /// mark is cleared in the same batch.
+    pub(crate) fn commit(self) -> Result<()> {
+        let keys = &self.fs.keys;
+        let mut ops = self.ops;
+        let growing: Vec<u64> = {
+            let cache = self.fs.cache.lock();
+            self.inodes
+                .keys()
+                .chain(&self.removed)
+                .filter(|i| cache.get(**i).is_some_and(|c| c.growing))
+                .copied()
+                .collect()
+        };
+        for i in self.inodes.values() {
+            ops.push((keys.inode(i.ino), Some(i.encode())));
+        }
+        for &ino in &self.removed {
+            ops.push((keys.inode(ino), None));
+        }
+        for &ino in &growing {
+            ops.push((keys.growing(ino), None));
+        }
+        let refs: Vec<(&[u8], Option<&[u8]>)> =
+            ops.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
+        let result = self.fs.store.write_atomic(&refs);
+        let mut cache = self.fs.cache.lock();
+        match result {
+            Ok(()) => {
+                for (_, i) in self.inodes {
+                    cache.stored(i, false);
+                }
+                for ino in self.removed {
+                    cache.remove(ino);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The store may hold the change or not: forget what the
+                // cache knows unless it holds unwritten changes.
+                for ino in self.inodes.keys().chain(&self.removed) {
+                    if cache.get(*ino).is_some_and(|c| !c.dirty) {
+                        cache.remove(*ino);
+                    }
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl FileSystem {
+    /// Opens the file system `record` in `store` and repairs what a crash
+    /// of its last mount left: data past a file's recorded size is
+    /// dropped, and unlinked files' data reclaimed.
+    pub fn open(store: Arc<dyn Store>, record: &FsRecord) -> Result<FileSystem> {
+        let fs = FileSystem {
+            store,
+            keys: Keys::new(record.id),
+            chunk: u64::from(record.chunk_size),
+            ns: Mutex::new(()),
+            cache: Mutex::new(InodeCache::default()),
+            inos: Mutex::new((0, 0)),
+            open: Mutex::new(HashMap::new()),
+            data_locks: (0..DATA_STRIPES).map(|_| Mutex::new(())).collect(),
+        };
+        fs.recover()?;
+        Ok(fs)
+    }
+
+    /// Bytes per data chunk.
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk
+    }
+
+    /// Starts a metadata change.
+    pub(crate) fn begin(&self) -> (MutexGuard<'_, ()>, Txn<'_>) {
+        (
+            self.ns.lock(),
+            Txn {
+                fs: self,
+                inodes: BTreeMap::new(),
+                removed: Vec::new(),
+                ops: Vec::new(),
+            },
+        )
+    }
+
+    /// Inode `ino` (ENOENT if it does not exist).
+    pub fn inode(&self, ino: u64) -> Result<Inode> {
+        if let Some(c) = self.cache.lock().get(ino) {
+            return Ok(c.inode.clone());
+        }
+        let Some(bytes) = self.store.get(&self.keys.inode(ino))? else {
+            return posix(libc::ENOENT);
+        };
+        let inode = Inode::decode(ino, &bytes)?;
+        let mut cache = self.cache.lock();
+        // A change that raced this read is newer: keep it.
+        if let Some(c) = cache.get(ino) {
+            return Ok(c.inode.clone());
+        }
+        let growing = self.store.get(&self.keys.growing(ino))?.is_some();
+        cache.stored(inode.clone(), growing);
+        Ok(inode)
+    }
+
+    /// A fresh inode number (hold `ns`).
+    pub(crate) fn alloc_ino(&self) -> Result<u64> {
+        let mut inos = self.inos.lock();
+        if inos.0 == inos.1 {
+            let key = self.keys.counter();
+            let next = match self.store.get(&key)? {
+                Some(v) => std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .ok_or_else(|| FsError::Corrupt("inode counter".into()))?,
+                None => crate::inode::ROOT + 1,
+            };
+            let limit = next + INO_BATCH;
+            self.store.put(&key, limit.to_string().as_bytes())?;
+            *inos = (next, limit);
+        }
+        let ino = inos.0;
+        inos.0 += 1;
+        Ok(ino)
+    }
+
+    /// The lock serializing chunk read-modify-writes of `ino`.
+    pub(crate) fn data_lock(&self, ino: u64) -> MutexGuard<'_, ()> {
+        self.data_locks[(ino % DATA_STRIPES as u64) as usize].lock()
+    }
+
+    /// Writes `ino` back if it changed since stored (size and times after
+    /// writes).
+    pub fn flush_inode(&self, ino: u64) -> Result<()> {
+        if !self.cache.lock().get(ino).is_some_and(|c| c.dirty) {
+            return Ok(());
+        }
+        let (_ns, mut txn) = self.begin();
+        txn.get(ino)?;
+        txn.commit()
+    }
+
+    /// Writes back every changed inode.
+    pub fn flush_all(&self) -> Result<()> {
+        let dirty = self.cache.lock().dirty();
+        for ino in dirty {
+            match self.flush_inode(ino) {
+                Err(FsError::Posix(_)) => {}
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes everything written so far durable: inodes written back, then
+    /// the cluster synced.
+    pub fn sync_all(&self) -> Result<()> {
+        self.flush_all()?;
+        Ok(self.store.sync()?)
+    }
+
+    /// Makes `ino`'s data and attributes durable on its replicas.
+    pub fn fsync(&self, ino: u64) -> Result<()> {
+        self.flush_inode(ino)?;
+        Ok(self.store.sync()?)
+    }
+
+    /// `ino` was opened.
+    pub fn opened(&self, ino: u64) {
+        *self.open.lock().entry(ino).or_insert(0) += 1;
+    }
+
+    /// A handle of `ino` was released; reclaims it if it was the last of
+    /// an unlinked file.
+    pub fn released(&self, ino: u64) -> Result<()> {
+        let last = {
+            let mut open = self.open.lock();
+            match open.get_mut(&ino) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    open.remove(&ino);
+                    true
+                }
+                None => false,
+            }
+        };
+        self.flush_inode(ino)?;
+        if last && self.inode(ino).is_ok_and(|i| i.nlink == 0) {
+            self.reclaim(ino)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_open(&self, ino: u64) -> bool {
+        self.open.lock().contains_key(&ino)
+    }
+
+    /// Every key in `[start, end)`, listed page by page.
+    pub(crate) fn list_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        let mut from = start.to_vec();
+        loop {
+            let page = self.store.range_keys(&from, end, 1000)?;
+            let n = page.len();
+            for k in page {
+                from = k.to_vec();
+                from.push(0);
+                out.push(k.to_vec());
+            }
+            if n < 1000 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Every live pair in `[start, end)`, read page by page.
+    pub(crate) fn list_pairs(&self, start: &[u8], end: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let mut from = start.to_vec();
+        loop {
+            let page = self.store.range(&from, end, 1000)?;
+            let n = page.len();
+            for (k, v) in page {
+                from = k.to_vec();
+                from.push(0);
+                out.push((k.to_vec(), v.to_vec()));
+            }
+            if n < 1000 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Deletes an unlinked inode: its data first, then (atomically) its
+    /// record, xattrs and reclaim mark. A crash in between leaves the mark,
+    /// so the next open finishes the job.
+    pub fn reclaim(&self, ino: u64) -> Result<()> {
+        if self.is_open(ino) {
+            return Ok(());
+        }
+        let (start, end) = self.keys.chunks_from(ino, 0);
+        self.delete_keys(&self.list_keys(&start, &end)?)?;
+        let (_ns, mut txn) = self.begin();
+        match txn.get(ino) {
+            Ok(i) if i.nlink > 0 => return Ok(()),
+            Ok(_) => txn.remove(ino),
+            Err(FsError::Posix(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let (xs, xe) = self.keys.xattrs(ino);
+        for k in self.list_keys(&xs, &xe)? {
+            txn.delete(k);
+        }
+        txn.delete(self.keys.orphan(ino));
+        txn.commit()
+    }
+
+    /// Deletes `keys`, a page at a time.
+    pub(crate) fn delete_keys(&self, keys: &[Vec<u8>]) -> Result<()> {
+        for page in keys.chunks(1000) {
+            let ops: Vec<(&[u8], Option<&[u8]>)> = page.iter().map(|k| (&k[..], None)).collect();
+            self.store.write(&ops)?;
+        }
+        Ok(())
+    }
+
+    /// Reclaims every unlinked inode that is not open.
+    pub fn reclaim_orphans(&self) -> Result<usize> {
+        let (s, e) = self.keys.all_of(b'O');
+        let mut n = 0;
+        for (k, _) in self.list_pairs(&s, &e)? {
+            if let Some(ino) = self.keys.ino_of(&k) {
+                if !self.is_open(ino) {
+                    self.reclaim(ino)?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    fn recover(&self) -> Result<()> {
+        let (s, e) = self.keys.all_of(b'G');
+        for (k, _) in self.list_pairs(&s, &e)? {
+            let Some(ino) = self.keys.ino_of(&k) else {
+                continue;
+            };
+            match self.inode(ino) {
+                Ok(i) => self.drop_data_past(ino, i.size)?,
+                Err(FsError::Posix(_)) => {}
+                Err(err) => return Err(err),
+            }
+            self.store.delete(&k)?;
+            if let Some(c) = self.cache.lock().get_mut(ino) {
+                c.growing = false;
+            }
+        }
+        self.reclaim_orphans()?;
+        Ok(())
+    }
+}

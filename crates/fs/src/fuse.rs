@@ -1,0 +1,566 @@
+//! Serves a [`FileSystem`] to the kernel through FUSE (the `fuser` crate,
+//! no libfuse): each request is translated to one core call and its
+//! result or errno. Permission checks are the kernel's
+//! (`default_permissions`); attributes and entries are cached by the
+//! kernel for [`TTL`] (one mount owns the file system, so nothing else
+//! changes them behind its back).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use crate::attrs::{SetAttr, SetTime, XattrMode};
+use crate::error::FsError;
+use crate::filesystem::FileSystem;
+use crate::inode::{Inode, Kind, Time};
+use crate::namespace::{Caller, NewNode, NAME_MAX};
+
+/// How long the kernel may cache attributes and entries.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest read and write request (FUSE `max_pages` 256).
+const MAX_IO: u32 = 1 << 20;
+
+/// A directory listing: (name, ino, type) per entry, `.` and `..` first.
+type Listing = Vec<(Vec<u8>, u64, FileType)>;
+
+/// The FUSE face of a file system.
+pub struct FuseFs {
+    fs: Arc<FileSystem>,
+    /// Open directory listings by handle (a stable snapshot per opendir).
+    dirs: Mutex<HashMap<u64, Listing>>,
+    next_fh: AtomicU64,
+}
+
+impl FuseFs {
+    pub fn new(fs: Arc<FileSystem>) -> FuseFs {
+        FuseFs {
+            fs,
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn attr(&self, i: &Inode) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(i.ino),
+            size: i.size,
+            blocks: i.size.div_ceil(512),
+            atime: i.atime.to_system(),
+            mtime: i.mtime.to_system(),
+            ctime: i.ctime.to_system(),
+            crtime: i.ctime.to_system(),
+            kind: file_type(i.kind),
+            perm: i.perm,
+            nlink: i.nlink,
+            uid: i.uid,
+            gid: i.gid,
+            rdev: i.rdev,
+            blksize: self.fs.chunk_size() as u32,
+            flags: 0,
+        }
+    }
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDevice => FileType::CharDevice,
+        Kind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+/// The errno for `e`, logging failures that are not the caller's.
+fn errno(op: &str, e: &FsError) -> Errno {
+    if !matches!(e, FsError::Posix(_)) {
+        tracing::warn!(op, error = %e, "file system request failed");
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(Time::from_system(t)),
+    }
+}
+
+impl FuseFs {
+    fn reply_entry(&self, op: &str, r: crate::error::Result<Inode>, reply: ReplyEntry) {
+        match r {
+            Ok(i) => reply.entry(&TTL, &self.attr(&i), Generation(0)),
+            Err(e) => reply.error(errno(op, &e)),
+        }
+    }
+
+    fn reply_empty(op: &str, r: crate::error::Result<()>, reply: ReplyEmpty) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(op, &e)),
+        }
+    }
+
+    fn make(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        new: NewNode<'_>,
+    ) -> crate::error::Result<Inode> {
+        self.fs.make(caller(req), parent.0, name.as_bytes(), new)
+    }
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // The kernel may offer less; what it grants is fine.
+        let _ = config.set_max_write(MAX_IO);
+        let _ = config.set_max_readahead(MAX_IO);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.fs.flush_all() {
+            tracing::error!(error = %e, "cannot write back inodes at unmount");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.reply_entry("lookup", self.fs.lookup(parent.0, name.as_bytes()), reply);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.inode(ino.0) {
+            Ok(i) => reply.attr(&TTL, &self.attr(&i)),
+            Err(e) => reply.error(errno("getattr", &e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime: ctime.map(Time::from_system),
+        };
+        match self.fs.setattr(ino.0, &set) {
+            Ok(i) => reply.attr(&TTL, &self.attr(&i)),
+            Err(e) => reply.error(errno("setattr", &e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno("readlink", &e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(kind) = Kind::from_mode(mode).filter(|k| *k != Kind::Dir && *k != Kind::Symlink)
+        else {
+            return reply.error(Errno::EINVAL);
+        };
+        let new = NewNode {
+            kind,
+            perm: mode,
+            rdev,
+            target: b"",
+        };
+        self.reply_entry("mknod", self.make(req, parent, name, new), reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let new = NewNode {
+            kind: Kind::Dir,
+            perm: mode,
+            rdev: 0,
+            target: b"",
+        };
+        self.reply_entry("mkdir", self.make(req, parent, name, new), reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::reply_empty("unlink", self.fs.unlink(parent.0, name.as_bytes()), reply);
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::reply_empty("rmdir", self.fs.rmdir(parent.0, name.as_bytes()), reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let new = NewNode {
+            kind: Kind::Symlink,
+            perm: 0o777,
+            rdev: 0,
+            target: target.as_os_str().as_bytes(),
+        };
+        self.reply_entry("symlink", self.make(req, parent, link_name, new), reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.fs.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.contains(RenameFlags::RENAME_NOREPLACE),
+            flags.contains(RenameFlags::RENAME_EXCHANGE),
+        );
+        Self::reply_empty("rename", r, reply);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.reply_entry(
+            "link",
+            self.fs.link(ino.0, newparent.0, newname.as_bytes()),
+            reply,
+        );
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.inode(ino.0) {
+            Ok(_) => {
+                self.fs.opened(ino.0);
+                reply.opened(FileHandle(0), FopenFlags::empty());
+            }
+            Err(e) => reply.error(errno("open", &e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(ino.0, offset, size.min(MAX_IO)) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno("read", &e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(ino.0, offset, data) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno("write", &e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty("flush", self.fs.flush_inode(ino.0), reply);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty("release", self.fs.released(ino.0), reply);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty("fsync", self.fs.fsync(ino.0), reply);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let listing = self.fs.inode(ino.0).and_then(|d| {
+            if d.kind != Kind::Dir {
+                return crate::error::posix(libc::ENOTDIR);
+            }
+            let mut out = vec![
+                (b".".to_vec(), d.ino, FileType::Directory),
+                (b"..".to_vec(), d.parent.max(1), FileType::Directory),
+            ];
+            for (name, child, kind) in self.fs.list_dir(ino.0)? {
+                out.push((name, child, file_type(kind)));
+            }
+            Ok(out)
+        });
+        match listing {
+            Ok(l) => {
+                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                self.dirs.lock().insert(fh, l);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(errno("opendir", &e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dirs = self.dirs.lock();
+        let Some(listing) = dirs.get(&fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, (name, child, kind)) in listing.iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                INodeNo(*child),
+                i as u64 + 1,
+                *kind,
+                OsStr::from_bytes(name),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty("fsyncdir", self.fs.sync_all(), reply);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // The nodes' capacity is not known here yet: report a large,
+        // mostly free file system.
+        let bsize = 4096u32;
+        let blocks = (1u64 << 50) / u64::from(bsize);
+        reply.statfs(
+            blocks,
+            blocks,
+            blocks,
+            1 << 40,
+            1 << 40,
+            bsize,
+            NAME_MAX as u32,
+            bsize,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        Self::reply_empty(
+            "setxattr",
+            self.fs.setxattr(ino.0, name.as_bytes(), value, mode),
+            reply,
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name.as_bytes()) {
+            Ok(v) => reply_sized(&v, size, reply),
+            Err(e) => reply.error(errno("getxattr", &e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0) {
+            Ok(names) => {
+                let mut all = Vec::new();
+                for n in names {
+                    all.extend_from_slice(&n);
+                    all.push(0);
+                }
+                reply_sized(&all, size, reply);
+            }
+            Err(e) => reply.error(errno("listxattr", &e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::reply_empty(
+            "removexattr",
+            self.fs.removexattr(ino.0, name.as_bytes()),
+            reply,
+        );
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let new = NewNode {
+            kind: Kind::File,
+            perm: mode,
+            rdev: 0,
+            target: b"",
+        };
+        match self.make(req, parent, name, new) {
+            Ok(i) => {
+                self.fs.opened(i.ino);
+                reply.created(
+                    &TTL,
+                    &self.attr(&i),
+                    Generation(0),
+                    FileHandle(0),
+                    FopenFlags::empty(),
+                );
+            }
+            Err(e) => reply.error(errno("create", &e)),
+        }
+    }
+}
+
+/// An xattr reply: the size when asked for it (`size` 0), else the bytes
+/// if they fit (ERANGE if not).
+fn reply_sized(v: &[u8], size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(v.len() as u32);
+    } else if v.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(v);
+    }
+}

@@ -1,0 +1,222 @@
+//! `lightstore fs` (create, list, inspect and delete file systems) and
+//! `lightstore mount` (serve one through FUSE until unmounted).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use client::{Cluster, Store};
+use fs::fuse::FuseFs;
+use fs::layout::Keys;
+use fs::lease::Lease;
+use fs::registry::{self, DEFAULT_CHUNK_SIZE};
+use fs::FileSystem;
+
+use crate::cluster_cmd::ClusterTarget;
+
+/// How often a mount writes back changed inodes.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// Flags of `lightstore fs`.
+#[derive(Args, Debug)]
+pub struct FsArgs {
+    #[command(flatten)]
+    target: ClusterTarget,
+    #[command(subcommand)]
+    action: FsAction,
+}
+
+#[derive(Subcommand, Debug)]
+enum FsAction {
+    /// Create an empty file system.
+    Create {
+        name: String,
+        /// Bytes per data chunk (power of two, 4K-4M).
+        #[arg(long, value_parser = server::parse_size)]
+        chunk_size: Option<u64>,
+    },
+    /// List file systems.
+    List,
+    /// Show a file system's record and whether it is mounted.
+    Info { name: String },
+    /// Delete a file system and everything in it.
+    Delete {
+        name: String,
+        /// Delete even if a mount holds its lease.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Flags of `lightstore mount`.
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    #[command(flatten)]
+    target: ClusterTarget,
+    /// The file system to mount.
+    #[arg(long = "fs")]
+    name: String,
+    /// Where to mount it.
+    mountpoint: PathBuf,
+    /// Create the file system if it does not exist.
+    #[arg(long)]
+    create: bool,
+    /// Take over the mount lease of a mount known to be dead.
+    #[arg(long)]
+    force: bool,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+}
+
+fn chunk_size(v: Option<u64>) -> Result<u32, Box<dyn std::error::Error>> {
+    Ok(match v {
+        Some(v) => u32::try_from(v).map_err(|_| format!("chunk size {v} is too large"))?,
+        None => DEFAULT_CHUNK_SIZE,
+    })
+}
+
+fn print_record(r: &fs::FsRecord, mounted: Option<String>) {
+    println!(
+        "{}\tchunk {}\tid {:016x}\tcreated {}\t{}",
+        r.name,
+        r.chunk_size,
+        r.id,
+        r.created,
+        mounted.map_or("not mounted".into(), |h| format!("mounted {h}"))
+    );
+}
+
+/// Runs `lightstore fs`.
+pub fn run_fs(args: FsArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster: Arc<dyn Store> = Arc::new(Cluster::connect(args.target.config()?)?);
+    let store = &*cluster;
+    match args.action {
+        FsAction::Create {
+            name,
+            chunk_size: cs,
+        } => {
+            let r = registry::create(store, &name, chunk_size(cs)?)?;
+            print_record(&r, None);
+        }
+        FsAction::List => {
+            for r in registry::list(store)? {
+                let held = fs::lease::live_holder(store, &Keys::new(r.id))?;
+                print_record(&r, held);
+            }
+        }
+        FsAction::Info { name } => match registry::open(store, &name)? {
+            Some(r) => {
+                let held = fs::lease::live_holder(store, &Keys::new(r.id))?;
+                print_record(&r, held);
+            }
+            None => return Err(format!("no file system named {name}").into()),
+        },
+        FsAction::Delete { name, force } => {
+            registry::delete(cluster.clone(), &name, force)?;
+            println!("deleted {name}");
+        }
+    }
+    Ok(())
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and the threads it starts
+/// later, so [`wait_for_stop`] receives them.
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_for_stop(set: &libc::sigset_t) {
+    let mut sig = 0;
+    // SAFETY: `set` is a valid signal set; sigwait writes the signal number.
+    unsafe {
+        libc::sigwait(set, &mut sig);
+    }
+}
+
+/// Runs `lightstore mount` in the foreground until unmounted (SIGINT,
+/// SIGTERM or `fusermount3 -u`).
+pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let signals = block_stop_signals();
+    let store: Arc<dyn Store> = Arc::new(Cluster::connect(args.target.config()?)?);
+    let name = &args.name;
+    let record = match (registry::open(&*store, name)?, args.create) {
+        (Some(r), _) => r,
+        (None, true) => registry::create(&*store, name, DEFAULT_CHUNK_SIZE)?,
+        (None, false) => return Err(format!(
+            "no file system named {name}: create it with `lightstore fs create` or give --create"
+        )
+        .into()),
+    };
+    let holder = format!(
+        "on {} by pid {}",
+        std::fs::read_to_string("/etc/hostname")
+            .unwrap_or_default()
+            .trim(),
+        std::process::id()
+    );
+    let lease = Lease::acquire(store.clone(), Keys::new(record.id), &holder, args.force)?;
+    let fs = Arc::new(FileSystem::open(store.clone(), &record)?);
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(format!("lightstore:{name}")),
+        fuser::MountOption::Subtype("lightstore".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::Dev,
+        fuser::MountOption::Suid,
+    ];
+    config.acl = fuser::SessionACL::All;
+    config.n_threads = Some(args.threads.max(1));
+    config.clone_fd = true;
+    let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &args.mountpoint, &config)
+        .map_err(|e| format!("cannot mount on {}: {e}", args.mountpoint.display()))?;
+    let mut unmounter = session.unmount_callable();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flusher = {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let step = Duration::from_millis(100);
+            let mut waited = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(step);
+                waited += step;
+                if waited >= FLUSH_EVERY {
+                    waited = Duration::ZERO;
+                    if let Err(e) = fs.flush_all() {
+                        tracing::warn!(error = %e, "cannot write back inodes");
+                    }
+                }
+            }
+        })
+    };
+    let mountpoint = args.mountpoint.clone();
+    std::thread::spawn(move || {
+        wait_for_stop(&signals);
+        eprintln!("lightstore mount: unmounting {}", mountpoint.display());
+        if let Err(e) = unmounter.unmount() {
+            eprintln!("lightstore mount: cannot unmount: {e}");
+        }
+    });
+    eprintln!(
+        "lightstore mount: {name} mounted on {}",
+        args.mountpoint.display()
+    );
+    let served = session.run();
+    stop.store(true, Ordering::Relaxed);
+    let _ = flusher.join();
+    fs.sync_all()?;
+    lease.release()?;
+    served.map_err(|e| format!("serving FUSE: {e}"))?;
+    eprintln!("lightstore mount: unmounted; every write is durable");
+    Ok(())
+}
