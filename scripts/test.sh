@@ -4,7 +4,8 @@
 # corruption, full-device, GC, the end-to-end `lightstore bench` test, the
 # `lightstore node` tests with redis-cli, redis-benchmark and redis-py, the
 # cluster tests, the NBD adapter with nbdinfo, qemu-io, qemu-img, nbdcopy,
-# nbdsh, fio and ext4 on nbdfuse), then the YCSB binding's tests and the real YCSB client
+# nbdsh, fio and ext4 on nbdfuse, the FUSE file adapter with tar, git and
+# pjdfstest), then the YCSB binding's tests and the real YCSB client
 # running Load and A-F against a local 3-node cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,10 @@ command -v fio >/dev/null || need_apt+=(fio)
 command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 command -v losetup >/dev/null || need_apt+=(mount)
+# The file adapter's tests: git and tar inside a mount, pjdfstest (built
+# from crates.io below; it needs libacl's headers).
+command -v git >/dev/null || need_apt+=(git)
+dpkg -s libacl1-dev >/dev/null 2>&1 || need_apt+=(libacl1-dev acl)
 if ! python3 -c 'import redis' >/dev/null 2>&1; then
   need_apt+=(python3-pip python3-venv)
 fi
@@ -51,6 +56,12 @@ if ! python3 -c 'import redis' >/dev/null 2>&1; then
   fi
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# pjdfstest (the POSIX suite's Rust rewrite) for tests/fs_mount.rs.
+TOOLS="$PWD/target/tools"
+if [ ! -x "$TOOLS/bin/pjdfstest" ]; then
+  cargo install pjdfstest --locked --root "$TOOLS" -q
+fi
+export PATH="$TOOLS/bin:$PATH"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

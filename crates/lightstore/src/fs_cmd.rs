@@ -153,13 +153,15 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     let record = match (registry::open(&*store, name)?, args.create) {
         (Some(r), _) => r,
         (None, true) => registry::create(&*store, name, DEFAULT_CHUNK_SIZE)?,
-        (None, false) => return Err(format!(
+        (None, false) => {
+            return Err(format!(
             "no file system named {name}: create it with `lightstore fs create` or give --create"
         )
-        .into()),
+            .into())
+        }
     };
     let holder = format!(
-        "on {} by pid {}",
+        "{} pid {}",
         std::fs::read_to_string("/etc/hostname")
             .unwrap_or_default()
             .trim(),

@@ -465,3 +465,39 @@ fn sync_makes_writes_durable_under_no_durability() {
         );
     }
 }
+
+/// `write_atomic` sends one VBATCH per replica: stores and deletes under
+/// one hash tag land together on both replicas; keys on different replica
+/// sets are refused before anything is written; a malformed VBATCH gets a
+/// clear error.
+#[test]
+fn atomic_batches_land_whole_on_every_replica() {
+    let tc = TestCluster::start(3);
+    let c = tc.client();
+    c.set(b"{t}old", b"x").expect("set");
+    c.write_atomic(&[
+        (b"{t}a", Some(&b"1"[..])),
+        (b"{t}b", Some(b"2")),
+        (b"{t}old", None),
+    ])
+    .expect("atomic");
+    let replicas = c.replicas_of(b"{t}a");
+    assert_eq!(replicas.len(), 2);
+    for &r in &replicas {
+        let a = stored(&c, r, b"{t}a").expect("a");
+        let old = stored(&c, r, b"{t}old").expect("tombstone");
+        assert_eq!(a.value.as_deref(), Some(&b"1"[..]));
+        assert!(old.value.is_none(), "the delete landed on node {r}");
+        assert_eq!(a.version, old.version, "one version for the batch");
+    }
+    let spread: Vec<Vec<u8>> = (0..64).map(|i| format!("k{i}").into_bytes()).collect();
+    let ops: Vec<(&[u8], Option<&[u8]>)> =
+        spread.iter().map(|k| (&k[..], Some(&b"v"[..]))).collect();
+    let err = c.write_atomic(&ops).expect_err("different replica sets");
+    assert!(err.to_string().contains("hash tag"), "{err}");
+    assert!(c.get(b"k0").expect("get").is_none(), "nothing written");
+    let err = c
+        .call_node(0, &[&b"VBATCH"[..], b"k", b"1", b"PUT", b"v"])
+        .expect_err("bad kind");
+    assert!(err.to_string().contains("SET or DEL"), "{err}");
+}

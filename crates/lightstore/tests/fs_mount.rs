@@ -1,0 +1,378 @@
+//! The file adapter end to end: `lightstore fs create` and `lightstore
+//! mount` against real nodes, driven with unmodified tools (tar, diff, git,
+//! dd, pjdfstest). Needs root and /dev/fuse; under `CI=true` a missing
+//! facility or tool fails the test instead of skipping it.
+
+mod nbd_support;
+mod node_support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nbd_support::have_tools;
+use node_support::cluster::TestCluster;
+use node_support::lightstore;
+
+/// Whether FUSE mounts are possible here (root, /dev/fuse, fusermount3);
+/// under `CI=true` they must be.
+fn can_mount() -> bool {
+    if !have_tools(&["fusermount3", "tar", "diff", "git"]) {
+        return false;
+    }
+    let ok = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
+    if !ok {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "needs root and /dev/fuse"
+        );
+        eprintln!("skipped: needs root and /dev/fuse");
+    }
+    ok
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let want = dir.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(want.as_str()))
+}
+
+/// A running `lightstore mount`; unmounted and stopped when dropped.
+struct Mount {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Mount {
+    fn start(nodes: &str, fs: &str, dir: &Path, extra: &[&str]) -> Mount {
+        let child = Mount::spawn(nodes, fs, dir, extra);
+        let mut m = Mount {
+            child,
+            dir: dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !is_mounted(dir) {
+            if let Ok(Some(status)) = m.child.try_wait() {
+                panic!("lightstore mount exited ({status}): {}", m.stderr());
+            }
+            assert!(Instant::now() < deadline, "not mounted in time");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    fn spawn(nodes: &str, fs: &str, dir: &Path, extra: &[&str]) -> Child {
+        std::fs::create_dir_all(dir).expect("mountpoint");
+        Command::new(env!("CARGO_BIN_EXE_lightstore"))
+            .args(["mount", "--nodes", nodes, "--fs", fs])
+            .arg(dir)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn lightstore mount")
+    }
+
+    fn stderr(&mut self) -> String {
+        use std::io::Read;
+        let mut s = String::new();
+        if let Some(e) = self.child.stderr.as_mut() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// SIGTERM; waits (bounded) for a clean exit.
+    fn stop(mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                let log = self.stderr();
+                assert!(status.success(), "mount exited with {status}: {log}");
+                assert!(!is_mounted(&self.dir), "still mounted after SIGTERM");
+                return;
+            }
+            assert!(Instant::now() < deadline, "mount did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL, then detach the dead mount.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if is_mounted(&self.dir) {
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.dir)
+                .status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sh(script: &str) -> Output {
+    let out = Command::new("sh")
+        .args(["-c", script])
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "{script}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A deterministic tree with files of varied sizes (a few over 1 MiB and
+/// sparse ones), directories, symlinks and hard links.
+fn make_tree(root: &Path, files: usize) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..files {
+        let dir = root.join(format!("d{}/e{}", i % 7, i % 3));
+        std::fs::create_dir_all(&dir).expect("dir");
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = (x % 20_000) as usize + if i % 40 == 0 { 1 << 20 } else { 0 };
+        let data: Vec<u8> = (0..len).map(|j| (j as u64 ^ x) as u8).collect();
+        std::fs::write(dir.join(format!("f{i}")), &data).expect("file");
+        if i % 25 == 0 {
+            std::os::unix::fs::symlink(format!("f{i}"), dir.join(format!("l{i}")))
+                .expect("symlink");
+            std::fs::hard_link(dir.join(format!("f{i}")), dir.join(format!("h{i}"))).expect("link");
+        }
+    }
+    let f = std::fs::File::create(root.join("sparse")).expect("sparse");
+    f.set_len(10 << 20).expect("set_len");
+}
+
+fn tree_equal(a: &Path, b: &Path) {
+    sh(&format!(
+        "diff -r --no-dereference '{}' '{}'",
+        a.display(),
+        b.display()
+    ));
+}
+
+/// A world-searchable temp dir (pjdfstest switches to other users, who
+/// must reach the mount).
+fn tempdir() -> tempfile::TempDir {
+    let t = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    t
+}
+
+#[test]
+fn a_tree_unpacks_survives_a_remount_and_hosts_git() {
+    if !can_mount() {
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let out = lightstore(&["fs", "create", "--nodes", &nodes, "t1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = lightstore(&["fs", "create", "--nodes", &nodes, "t1"]);
+    assert!(!out.status.success(), "a second create must fail");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
+
+    let tmp = tempdir();
+    let src = tmp.path().join("src");
+    make_tree(&src, 300);
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "t1", &mnt, &[]);
+
+    // One mount per file system.
+    let mut second = Mount::spawn(&nodes, "t1", &tmp.path().join("mnt2"), &[]);
+    let status = second.wait().expect("second mount");
+    let mut err = String::new();
+    use std::io::Read;
+    second
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read");
+    assert!(
+        !status.success() && err.contains("mounted elsewhere"),
+        "{err}"
+    );
+    let listed = lightstore(&["fs", "list", "--nodes", &nodes]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("mounted by"));
+
+    sh(&format!(
+        "tar -C '{}' -cf - . | tar -C '{}' -xf - && mkdir '{}/tree' && tar -C '{}' -cf - . | tar -C '{}/tree' -xf -",
+        src.display(), mnt.display(), mnt.display(), src.display(), mnt.display()
+    ));
+    tree_equal(&src, &mnt.join("tree"));
+    sh(&format!(
+        "cd '{}' && git init -q g && cd g && cp -r ../d0 . && git add -A && \
+         git -c user.email=a@b -c user.name=t commit -qm one && echo x >> d0/e0/f0 && \
+         git -c user.email=a@b -c user.name=t commit -qam two && git gc -q && git fsck --strict",
+        mnt.display()
+    ));
+    // rename over, hard links and unlink of open files through the kernel.
+    sh(&format!(
+        "cd '{}' && echo a > x && echo b > y && mv x y && test \"$(cat y)\" = a && ln y z && \
+         test \"$(stat -c %h y)\" = 2 && exec 3<y && rm y z && test \"$(cat <&3)\" = a",
+        mnt.display()
+    ));
+    m.stop();
+
+    let m = Mount::start(&nodes, "t1", &mnt, &[]);
+    tree_equal(&src, &mnt.join("tree"));
+    sh(&format!(
+        "cd '{}/g' && git fsck --strict && git log --oneline | wc -l | grep -q 2",
+        mnt.display()
+    ));
+    // fusermount3 -u ends the mount process cleanly too.
+    sh(&format!("fusermount3 -u '{}'", mnt.display()));
+    let mut m = m;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = m.child.try_wait().expect("wait") {
+            assert!(status.success(), "exit after fusermount3 -u: {status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mount did not exit after fusermount3 -u"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = lightstore(&["fs", "delete", "--nodes", &nodes, "t1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = lightstore(&["fs", "list", "--nodes", &nodes]);
+    assert!(!String::from_utf8_lossy(&listed.stdout).contains("t1"));
+}
+
+#[test]
+fn fsynced_data_survives_kill_9_of_the_adapter() {
+    if !can_mount() {
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "k", &mnt, &["--create"]);
+    sh(&format!(
+        "cd '{0}' && mkdir -p a/b && head -c 3000000 /dev/urandom > ../want && \
+         dd if=../want of=a/b/f bs=64k conv=fsync status=none && mv a/b/f a/g && \
+         python3 -c 'import os; fd=os.open(\"a\", os.O_RDONLY); os.fsync(fd)'",
+        mnt.display()
+    ));
+    m.kill();
+    // The dead mount's lease is still valid: refused without --force.
+    let mut again = Mount::spawn(&nodes, "k", &mnt, &[]);
+    assert!(!again.wait().expect("wait").success());
+    let m = Mount::start(&nodes, "k", &mnt, &["--force"]);
+    sh(&format!(
+        "cmp '{}/a/g' '{}/want' && test ! -e '{}/a/b/f'",
+        mnt.display(),
+        tmp.path().display(),
+        mnt.display()
+    ));
+    m.stop();
+}
+
+#[test]
+fn a_node_killed_during_an_unpack_loses_nothing() {
+    if !can_mount() {
+        return;
+    }
+    let mut tc = TestCluster::start(3);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let src = tmp.path().join("src");
+    make_tree(&src, 600);
+    sh(&format!(
+        "tar -C '{}' -cf '{}/src.tar' .",
+        src.display(),
+        tmp.path().display()
+    ));
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "r", &mnt, &["--create"]);
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(&mnt)
+        .arg("-xf")
+        .arg(tmp.path().join("src.tar"))
+        .spawn()
+        .expect("tar");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        tar.try_wait().expect("tar").is_none(),
+        "the unpack ended before the kill"
+    );
+    tc.kill(1);
+    assert!(
+        tar.wait().expect("tar").success(),
+        "tar failed with a node down"
+    );
+    tree_equal(&src, &mnt);
+    m.stop();
+    tc.restart(1);
+    let m = Mount::start(&nodes, "r", &mnt, &[]);
+    tree_equal(&src, &mnt);
+    m.stop();
+}
+
+#[test]
+fn pjdfstest_passes() {
+    if !can_mount() || !have_tools(&["pjdfstest"]) {
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "pjd", &mnt, &["--create"]);
+    let t = mnt.join("t");
+    std::fs::create_dir(&t).expect("dir");
+    std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let out = Command::new("timeout")
+        .args(["900", "pjdfstest", "-p"])
+        .arg(&t)
+        .current_dir(&t)
+        .output()
+        .expect("pjdfstest");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("Summary:"))
+        .unwrap_or("no summary");
+    eprintln!("pjdfstest: {summary}");
+    let failed: Vec<&str> = text.lines().filter(|l| l.contains("FAILED")).collect();
+    assert!(
+        summary.contains(" 0 failed"),
+        "{summary}\n{}",
+        failed.join("\n")
+    );
+    m.stop();
+}
