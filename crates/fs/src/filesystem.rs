@@ -190,8 +190,9 @@ impl FileSystem {
         if let Some(c) = cache.get(ino) {
             return Ok(c.inode.clone());
         }
-        let growing = self.store.get(&self.keys.growing(ino))?.is_some();
-        cache.stored(inode.clone(), growing);
+        // Not knowing of a growth mark is safe: a write writes it again,
+        // and the next open drops data past the stored size anyway.
+        cache.stored(inode.clone(), false);
         Ok(inode)
     }
 
