@@ -70,3 +70,89 @@ impl InodeCache {
             .collect()
     }
 }
+
+/// Most directory entries kept.
+const MAX_DENTRIES: usize = 200_000;
+
+/// The adapter's directory-entry cache: positive entries, and for
+/// directories whose every entry is known (made by this mount, or listed
+/// whole under the metadata lock) authoritative misses. Changed only under
+/// the metadata lock after the store took the change; a reader that read
+/// the store without that lock inserts only if no change happened since it
+/// started (`generation`).
+#[derive(Default)]
+pub struct DentryCache {
+    map: HashMap<(u64, Vec<u8>), (u64, crate::inode::Kind)>,
+    complete: std::collections::HashSet<u64>,
+    generation: u64,
+}
+
+/// What the cache knows of one name.
+pub enum Known {
+    Entry(u64, crate::inode::Kind),
+    Absent,
+    Unknown,
+}
+
+impl DentryCache {
+    pub fn get(&self, parent: u64, name: &[u8]) -> Known {
+        match self.map.get(&(parent, name.to_vec())) {
+            Some(&(ino, kind)) => Known::Entry(ino, kind),
+            None if self.complete.contains(&parent) => Known::Absent,
+            None => Known::Unknown,
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Records an entry read from the store when the read began at
+    /// `generation`.
+    pub fn learned(
+        &mut self,
+        generation: u64,
+        parent: u64,
+        name: &[u8],
+        ino: u64,
+        kind: crate::inode::Kind,
+    ) {
+        if generation == self.generation {
+            self.insert(parent, name, ino, kind);
+        }
+    }
+
+    pub fn insert(&mut self, parent: u64, name: &[u8], ino: u64, kind: crate::inode::Kind) {
+        self.generation += 1;
+        if self.map.len() >= MAX_DENTRIES {
+            self.clear();
+        }
+        self.map.insert((parent, name.to_vec()), (ino, kind));
+    }
+
+    pub fn remove(&mut self, parent: u64, name: &[u8]) {
+        self.generation += 1;
+        self.map.remove(&(parent, name.to_vec()));
+    }
+
+    /// Every entry of `dir` is in the cache (or it has none).
+    pub fn set_complete(&mut self, dir: u64) {
+        if self.map.len() < MAX_DENTRIES {
+            self.complete.insert(dir);
+        }
+    }
+
+    /// `dir` is gone.
+    pub fn forget_dir(&mut self, dir: u64) {
+        self.generation += 1;
+        self.complete.remove(&dir);
+    }
+
+    /// Forgets everything (after a failed change: the store may or may not
+    /// hold it).
+    pub fn clear(&mut self) {
+        self.generation += 1;
+        self.map.clear();
+        self.complete.clear();
+    }
+}

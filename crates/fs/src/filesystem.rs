@@ -16,7 +16,7 @@ use std::sync::Arc;
 use client::Store;
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::cache::InodeCache;
+use crate::cache::{DentryCache, InodeCache};
 use crate::error::{posix, FsError, Result};
 use crate::inode::Inode;
 use crate::layout::Keys;
@@ -34,12 +34,15 @@ pub struct FileSystem {
     pub(crate) chunk: u64,
     pub(crate) ns: Mutex<()>,
     pub(crate) cache: Mutex<InodeCache>,
+    pub(crate) dentries: Mutex<DentryCache>,
     /// Next free inode number and the end of the reserved batch.
     inos: Mutex<(u64, u64)>,
     /// Open handles per inode: an unlinked file's data stays until the
     /// last is released.
     open: Mutex<HashMap<u64, u32>>,
     data_locks: Vec<Mutex<()>>,
+    /// Unlinked inodes for the background reclaimer, once started.
+    reclaim_queue: Mutex<Option<crossbeam_channel::Sender<u64>>>,
 }
 
 /// A metadata change: inodes read and changed, other keys written, all
@@ -126,6 +129,7 @@ impl<'a> Txn<'a> {
                 Ok(())
             }
             Err(e) => {
+                self.fs.dentries.lock().clear();
                 // The store may hold the change or not: forget what the
                 // cache knows unless it holds unwritten changes.
                 for ino in self.inodes.keys().chain(&self.removed) {
@@ -150,9 +154,11 @@ impl FileSystem {
             chunk: u64::from(record.chunk_size),
             ns: Mutex::new(()),
             cache: Mutex::new(InodeCache::default()),
+            dentries: Mutex::new(DentryCache::default()),
             inos: Mutex::new((0, 0)),
             open: Mutex::new(HashMap::new()),
             data_locks: (0..DATA_STRIPES).map(|_| Mutex::new(())).collect(),
+            reclaim_queue: Mutex::new(None),
         };
         fs.recover()?;
         Ok(fs)
@@ -282,7 +288,7 @@ impl FileSystem {
         };
         self.flush_inode(ino)?;
         if last && self.inode(ino).is_ok_and(|i| i.nlink == 0) {
-            self.reclaim(ino)?;
+            self.reclaim_later(ino)?;
         }
         Ok(())
     }
@@ -349,6 +355,39 @@ impl FileSystem {
         }
         txn.delete(self.keys.orphan(ino));
         txn.commit()
+    }
+
+    /// Reclaims `ino` in the background if the reclaimer runs, else now.
+    pub(crate) fn reclaim_later(&self, ino: u64) -> Result<()> {
+        if let Some(q) = &*self.reclaim_queue.lock() {
+            if q.send(ino).is_ok() {
+                return Ok(());
+            }
+        }
+        self.reclaim(ino)
+    }
+
+    /// Starts a thread that reclaims unlinked files' data off the request
+    /// path. [`FileSystem::stop_reclaimer`] drains and stops it. (A crash
+    /// before it is done leaves the reclaim marks: the next open finishes.)
+    pub fn start_reclaimer(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+        *self.reclaim_queue.lock() = Some(tx);
+        let fs = self.clone();
+        std::thread::Builder::new()
+            .name("fs-reclaim".into())
+            .spawn(move || {
+                for ino in rx {
+                    if let Err(e) = fs.reclaim(ino) {
+                        tracing::warn!(ino, error = %e, "cannot reclaim an unlinked file now; the next mount will");
+                    }
+                }
+            })
+    }
+
+    /// Stops queueing to the reclaimer; it exits once the queue is empty.
+    pub fn stop_reclaimer(&self) {
+        self.reclaim_queue.lock().take();
     }
 
     /// Deletes `keys`, a page at a time.

@@ -6,6 +6,7 @@
 //! Permission checks are the kernel's (`default_permissions`); these
 //! enforce what it cannot: existence, kinds, emptiness, loops.
 
+use crate::cache::Known;
 use crate::error::{posix, FsError, Result};
 use crate::filesystem::{FileSystem, Txn};
 use crate::inode::{decode_dentry, encode_dentry, Inode, Kind, Time, ROOT};
@@ -68,9 +69,32 @@ impl FileSystem {
         if name.len() > NAME_MAX {
             return posix(libc::ENAMETOOLONG);
         }
+        let generation = {
+            let d = self.dentries.lock();
+            match d.get(parent, name) {
+                Known::Entry(ino, kind) => return Ok((ino, kind)),
+                Known::Absent => return posix(libc::ENOENT),
+                Known::Unknown => d.generation(),
+            }
+        };
         match self.store.get(&self.keys.dentry(parent, name))? {
-            Some(v) => decode_dentry(&v),
+            Some(v) => {
+                let (ino, kind) = decode_dentry(&v)?;
+                self.dentries
+                    .lock()
+                    .learned(generation, parent, name, ino, kind);
+                Ok((ino, kind))
+            }
             None => posix(libc::ENOENT),
+        }
+    }
+
+    /// Whether `parent` has an entry `name`.
+    fn has_entry(&self, parent: u64, name: &[u8]) -> Result<bool> {
+        match self.lookup_entry(parent, name) {
+            Ok(_) => Ok(true),
+            Err(FsError::Posix(e)) if e.0 == libc::ENOENT => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -94,7 +118,7 @@ impl FileSystem {
         }
         let (_ns, mut txn) = self.begin();
         live_dir(&mut txn, parent)?;
-        if self.store.get(&self.keys.dentry(parent, name))?.is_some() {
+        if self.has_entry(parent, name)? {
             return posix(libc::EEXIST);
         }
         let p = txn.read(parent)?;
@@ -126,6 +150,11 @@ impl FileSystem {
         );
         txn.create(inode.clone());
         txn.commit()?;
+        let mut d = self.dentries.lock();
+        d.insert(parent, name, ino, new.kind);
+        if new.kind == Kind::Dir {
+            d.set_complete(ino);
+        }
         Ok(inode)
     }
 
@@ -143,9 +172,10 @@ impl FileSystem {
         touch_dir(&mut txn, parent, now)?;
         let orphaned = txn.read(ino)?.nlink == 0;
         txn.commit()?;
+        self.dentries.lock().remove(parent, name);
         drop(ns);
         if orphaned {
-            self.reclaim(ino)?;
+            self.reclaim_later(ino)?;
         }
         Ok(())
     }
@@ -194,7 +224,11 @@ impl FileSystem {
         let p = txn.get(parent)?;
         p.nlink = p.nlink.saturating_sub(1);
         touch_dir(&mut txn, parent, Time::now())?;
-        txn.commit()
+        txn.commit()?;
+        let mut d = self.dentries.lock();
+        d.remove(parent, name);
+        d.forget_dir(ino);
+        Ok(())
     }
 
     /// A new name `newname` in `newparent` for non-directory `ino`.
@@ -212,11 +246,7 @@ impl FileSystem {
         if i.nlink >= u32::from(u16::MAX) {
             return posix(libc::EMLINK);
         }
-        if self
-            .store
-            .get(&self.keys.dentry(newparent, newname))?
-            .is_some()
-        {
+        if self.has_entry(newparent, newname)? {
             return posix(libc::EEXIST);
         }
         let now = Time::now();
@@ -229,8 +259,10 @@ impl FileSystem {
             self.keys.dentry(newparent, newname),
             encode_dentry(ino, kind).to_vec(),
         );
+        let kind = txn.read(ino)?.kind;
         let out = txn.read(ino)?;
         txn.commit()?;
+        self.dentries.lock().insert(newparent, newname, ino, kind);
         Ok(out)
     }
 
@@ -331,9 +363,23 @@ impl FileSystem {
             _ => false,
         };
         txn.commit()?;
+        {
+            let mut cache = self.dentries.lock();
+            if exchange {
+                if let Some((d, d_kind)) = dst {
+                    cache.insert(parent, name, d, d_kind);
+                }
+            } else {
+                cache.remove(parent, name);
+                if let Some((d, Kind::Dir)) = dst {
+                    cache.forget_dir(d);
+                }
+            }
+            cache.insert(newparent, newname, src, src_kind);
+        }
         drop(ns);
         if let (true, Some((d, _))) = (orphan, dst) {
-            self.reclaim(d)?;
+            self.reclaim_later(d)?;
         }
         Ok(())
     }
@@ -365,13 +411,23 @@ impl FileSystem {
     pub fn list_dir(&self, ino: u64) -> Result<Vec<(Vec<u8>, u64, Kind)>> {
         let (s, e) = self.keys.dentries(ino);
         let skip = self.keys.dentry_prefix_len();
-        self.list_pairs(&s, &e)?
+        // Under the metadata lock, so the listing is whole and the cache
+        // may call the directory complete.
+        let _ns = self.ns.lock();
+        let entries = self
+            .list_pairs(&s, &e)?
             .into_iter()
             .map(|(k, v)| {
                 let (child, kind) = decode_dentry(&v)?;
                 Ok((k[skip..].to_vec(), child, kind))
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        let mut d = self.dentries.lock();
+        for (name, child, kind) in &entries {
+            d.insert(ino, name, *child, *kind);
+        }
+        d.set_complete(ino);
+        Ok(entries)
     }
 
     /// A symlink's target.

@@ -169,6 +169,7 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     );
     let lease = Lease::acquire(store.clone(), Keys::new(record.id), &holder, args.force)?;
     let fs = Arc::new(FileSystem::open(store.clone(), &record)?);
+    let reclaimer = fs.start_reclaimer()?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(format!("lightstore:{name}")),
@@ -216,6 +217,8 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     let served = session.run();
     stop.store(true, Ordering::Relaxed);
     let _ = flusher.join();
+    fs.stop_reclaimer();
+    let _ = reclaimer.join();
     fs.sync_all()?;
     lease.release()?;
     served.map_err(|e| format!("serving FUSE: {e}"))?;
