@@ -4,8 +4,8 @@
 # corruption, full-device, GC, the end-to-end `lightstore bench` test, the
 # `lightstore node` tests with redis-cli, redis-benchmark and redis-py, the
 # cluster tests, the NBD adapter with nbdinfo, qemu-io, qemu-img, nbdcopy,
-# nbdsh, fio and ext4 on nbdfuse, the FUSE file adapter with tar, git and
-# pjdfstest), then the YCSB binding's tests and the real YCSB client
+# nbdsh, fio and ext4 on nbdfuse, the FUSE file adapter with tar, git,
+# pjdfstest, fsx, dbench, stress-ng and fio), then the YCSB binding's tests and the real YCSB client
 # running Load and A-F against a local 3-node cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +31,8 @@ command -v losetup >/dev/null || need_apt+=(mount)
 # The file adapter's tests: git and tar inside a mount, pjdfstest (built
 # from crates.io below; it needs libacl's headers).
 command -v git >/dev/null || need_apt+=(git)
+command -v dbench >/dev/null || need_apt+=(dbench)
+command -v stress-ng >/dev/null || need_apt+=(stress-ng)
 dpkg -s libacl1-dev >/dev/null 2>&1 || need_apt+=(libacl1-dev acl)
 if ! python3 -c 'import redis' >/dev/null 2>&1; then
   need_apt+=(python3-pip python3-venv)
@@ -56,11 +58,11 @@ if ! python3 -c 'import redis' >/dev/null 2>&1; then
   fi
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
-# pjdfstest (the POSIX suite's Rust rewrite) for tests/fs_mount.rs.
+# pjdfstest (the POSIX suite's Rust rewrite) and fsx for tests/fs_mount.rs.
 TOOLS="$PWD/target/tools"
-if [ ! -x "$TOOLS/bin/pjdfstest" ]; then
-  cargo install pjdfstest --locked --root "$TOOLS" -q
-fi
+for tool in pjdfstest fsx; do
+  [ -x "$TOOLS/bin/$tool" ] || cargo install "$tool" --locked --root "$TOOLS" -q
+done
 export PATH="$TOOLS/bin:$PATH"
 
 cargo fmt --all -- --check

@@ -112,6 +112,83 @@ impl FileSystem {
         })
     }
 
+    /// `fallocate(2)`: mode 0 and `FALLOC_FL_KEEP_SIZE` grow the size (no
+    /// space is reserved: the cluster allocates on write);
+    /// `FALLOC_FL_PUNCH_HOLE` and `FALLOC_FL_ZERO_RANGE` make the range
+    /// read zeros (whole chunks deleted, partial ones rewritten). Other
+    /// modes: EOPNOTSUPP.
+    pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 {
+            return posix(libc::EOPNOTSUPP);
+        }
+        let end = match offset.checked_add(len) {
+            Some(e) if e <= MAX_FILE_SIZE && len > 0 => e,
+            Some(_) if len == 0 => return posix(libc::EINVAL),
+            _ => return posix(libc::EFBIG),
+        };
+        let _data = self.data_lock(ino);
+        let i = self.inode(ino)?;
+        if i.kind != Kind::File {
+            return posix(if i.kind == Kind::Dir {
+                libc::EISDIR
+            } else {
+                libc::ENODEV
+            });
+        }
+        let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
+        if zero {
+            self.zero_range(ino, offset, end.min(i.size), i.size)?;
+        }
+        let grow = mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > i.size;
+        if zero || grow {
+            let now = Time::now();
+            self.update_cached(ino, |c| {
+                if grow {
+                    c.inode.size = c.inode.size.max(end);
+                }
+                c.inode.mtime = now;
+                c.inode.ctime = now;
+                c.dirty = true;
+            })?;
+            self.flush_inode(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Makes `[start, end)` of `ino` (size `size`) read zeros: chunks it
+    /// covers whole are deleted, the others rewritten.
+    fn zero_range(&self, ino: u64, start: u64, end: u64, size: u64) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let first = start / self.chunk;
+        let last = (end - 1) / self.chunk;
+        let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        for c in first..=last {
+            let cs = c * self.chunk;
+            let key = self.keys.chunk(ino, c);
+            if start <= cs && end >= (cs + self.chunk).min(size) {
+                ops.push((key, None));
+                continue;
+            }
+            let Some(old) = self.store.get(&key)? else {
+                continue;
+            };
+            let mut v = old.to_vec();
+            let lo = (start.max(cs) - cs) as usize;
+            let hi = ((end.min(cs + self.chunk) - cs) as usize).min(v.len());
+            if lo < hi {
+                v[lo..hi].fill(0);
+                ops.push((key, Some(v)));
+            }
+        }
+        let refs: Vec<(&[u8], Option<&[u8]>)> =
+            ops.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
+        Ok(self.store.write(&refs)?)
+    }
+
     /// Records the growth mark of `ino` before it grows past its stored
     /// size to `end`.
     fn mark_growing(&self, ino: u64, end: u64) -> Result<()> {

@@ -513,6 +513,38 @@ impl Filesystem for FuseFs {
         }
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(
+            "fallocate",
+            self.fs.fallocate(ino.0, offset, length, mode),
+            reply,
+        );
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // No file-system-specific ioctls; generic ones never reach here.
+        reply.error(Errno::ENOTTY);
+    }
+
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::reply_empty(
             "removexattr",

@@ -170,6 +170,34 @@ fn sparse_files_and_truncation_read_zeros() {
 }
 
 #[test]
+fn fallocate_grows_and_punches_holes() {
+    let (_s, fs, _) = new_fs(4096);
+    let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
+    fs.write(f.ino, 0, &[9u8; 20_000]).expect("write");
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(f.ino, 1000, 10_000, punch).expect("punch");
+    let all = fs.read(f.ino, 0, 30_000).expect("read");
+    assert_eq!(all.len(), 20_000);
+    assert!(all[..1000].iter().all(|&b| b == 9));
+    assert!(all[1000..11_000].iter().all(|&b| b == 0));
+    assert!(all[11_000..].iter().all(|&b| b == 9));
+    fs.fallocate(f.ino, 0, 50_000, libc::FALLOC_FL_KEEP_SIZE)
+        .expect("keep size");
+    assert_eq!(fs.inode(f.ino).expect("f").size, 20_000);
+    fs.fallocate(f.ino, 40_000, 10_000, 0).expect("grow");
+    assert_eq!(fs.inode(f.ino).expect("f").size, 50_000);
+    assert!(fs
+        .read(f.ino, 20_000, 30_000)
+        .expect("read")
+        .iter()
+        .all(|&b| b == 0));
+    assert_eq!(
+        errno(fs.fallocate(f.ino, 0, 1, libc::FALLOC_FL_COLLAPSE_RANGE)),
+        libc::EOPNOTSUPP
+    );
+}
+
+#[test]
 fn a_crash_drops_unflushed_growth_and_keeps_what_was_flushed() {
     let (store, fs, rec) = new_fs(4096);
     let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");

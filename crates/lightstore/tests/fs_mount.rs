@@ -376,3 +376,48 @@ fn pjdfstest_passes() {
     );
     m.stop();
 }
+
+#[test]
+fn fsx_dbench_stress_ng_and_fio_verify_run_clean() {
+    if !can_mount() || !have_tools(&["fsx", "dbench", "stress-ng", "fio"]) {
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "tools", &mnt, &["--create"]);
+    let d = mnt.display();
+    // fsx: random reads, writes, mmap reads and writes, truncations and
+    // reopens of one file, each checked against its own copy.
+    let fsx = sh(&format!(
+        "cd '{d}' && timeout 300 fsx -N 5000 -S 11 '{d}/fsx.dat' 2>&1"
+    ));
+    assert!(String::from_utf8_lossy(&fsx.stdout).contains("A-OK"));
+    // dbench: a file server's mix of creates, writes, renames, unlinks and
+    // directory scans from 4 clients.
+    let db = sh(&format!(
+        "mkdir -p '{d}/dbench' && timeout 120 dbench -t 8 -D '{d}/dbench' -c /usr/share/dbench/client.txt 4 2>&1"
+    ));
+    let text = String::from_utf8_lossy(&db.stdout);
+    assert!(
+        text.contains("Throughput") && !text.contains("ERROR"),
+        "{text}"
+    );
+    // stress-ng's file system class with verification (binderfs needs a
+    // kernel module, not a file system).
+    let sng = sh(&format!(
+        "mkdir -p '{d}/sng' && cd '{d}/sng' && timeout 300 stress-ng --class filesystem --all 1 \
+         --exclude binderfs --verify -t 3 --temp-path '{d}/sng' 2>&1"
+    ));
+    let text = String::from_utf8_lossy(&sng.stdout);
+    assert!(!text.contains("fail:"), "{text}");
+    // fio writes with crc32c verification, sequential and random.
+    for rw in ["write", "randwrite"] {
+        sh(&format!(
+            "timeout 300 fio --name=v --filename='{d}/fio-{rw}.dat' --rw={rw} --bs=8k --size=24M \
+             --ioengine=psync --verify=crc32c --do_verify=1 --output=/dev/null"
+        ));
+    }
+    m.stop();
+}
