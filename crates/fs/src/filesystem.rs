@@ -37,9 +37,11 @@ pub struct FileSystem {
     pub(crate) dentries: Mutex<DentryCache>,
     /// Next free inode number and the end of the reserved batch.
     inos: Mutex<(u64, u64)>,
-    /// Open handles per inode: an unlinked file's data stays until the
-    /// last is released.
-    open: Mutex<HashMap<u64, u32>>,
+    /// References per inode: open handles, and the kernel's lookups (FUSE
+    /// `nlookup`, dropped by FORGET). An unlinked file's data stays until
+    /// the last is gone, so a write-back the kernel sends after close still
+    /// finds its inode.
+    pins: Mutex<HashMap<u64, u64>>,
     data_locks: Vec<Mutex<()>>,
     /// Unlinked inodes for the background reclaimer, once started.
     reclaim_queue: Mutex<Option<crossbeam_channel::Sender<u64>>>,
@@ -156,7 +158,7 @@ impl FileSystem {
             cache: Mutex::new(InodeCache::default()),
             dentries: Mutex::new(DentryCache::default()),
             inos: Mutex::new((0, 0)),
-            open: Mutex::new(HashMap::new()),
+            pins: Mutex::new(HashMap::new()),
             data_locks: (0..DATA_STRIPES).map(|_| Mutex::new(())).collect(),
             reclaim_queue: Mutex::new(None),
         };
@@ -266,35 +268,53 @@ impl FileSystem {
 
     /// `ino` was opened.
     pub fn opened(&self, ino: u64) {
-        *self.open.lock().entry(ino).or_insert(0) += 1;
+        self.pin(ino, 1);
     }
 
-    /// A handle of `ino` was released; reclaims it if it was the last of
-    /// an unlinked file.
-    pub fn released(&self, ino: u64) -> Result<()> {
+    /// `n` more references to `ino` (the kernel looked it up).
+    pub fn pin(&self, ino: u64, n: u64) {
+        *self.pins.lock().entry(ino).or_insert(0) += n;
+    }
+
+    /// `n` references to `ino` fewer; reclaims it when that was the last
+    /// of an unlinked file.
+    pub fn unpin(&self, ino: u64, n: u64) -> Result<()> {
         let last = {
-            let mut open = self.open.lock();
-            match open.get_mut(&ino) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
+            let mut pins = self.pins.lock();
+            match pins.get_mut(&ino) {
+                Some(p) if *p > n => {
+                    *p -= n;
                     false
                 }
                 Some(_) => {
-                    open.remove(&ino);
+                    pins.remove(&ino);
                     true
                 }
                 None => false,
             }
         };
-        self.flush_inode(ino)?;
         if last && self.inode(ino).is_ok_and(|i| i.nlink == 0) {
             self.reclaim_later(ino)?;
         }
         Ok(())
     }
 
+    /// A handle of `ino` was released: its changes are written back, and
+    /// an unlinked file without references left is reclaimed.
+    pub fn released(&self, ino: u64) -> Result<()> {
+        self.flush_inode(ino)?;
+        self.unpin(ino, 1)
+    }
+
+    /// The kernel let go of everything (unmounted): drops every reference
+    /// and reclaims the unlinked files.
+    pub fn unmounted(&self) -> Result<usize> {
+        self.pins.lock().clear();
+        self.reclaim_orphans()
+    }
+
     pub(crate) fn is_open(&self, ino: u64) -> bool {
-        self.open.lock().contains_key(&ino)
+        self.pins.lock().contains_key(&ino)
     }
 
     /// Every key in `[start, end)`, listed page by page.

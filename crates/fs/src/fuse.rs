@@ -41,14 +41,19 @@ pub struct FuseFs {
     /// Open directory listings by handle (a stable snapshot per opendir).
     dirs: Mutex<HashMap<u64, Listing>>,
     next_fh: AtomicU64,
+    writeback: bool,
 }
 
 impl FuseFs {
-    pub fn new(fs: Arc<FileSystem>) -> FuseFs {
+    /// Serves `fs`; with `writeback` the kernel's page cache buffers
+    /// writes and sends them in large batches (FUSE_WRITEBACK_CACHE), and
+    /// close, fsync and unmount write them out.
+    pub fn new(fs: Arc<FileSystem>, writeback: bool) -> FuseFs {
         FuseFs {
             fs,
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            writeback,
         }
     }
 
@@ -110,7 +115,11 @@ fn set_time(t: TimeOrNow) -> SetTime {
 impl FuseFs {
     fn reply_entry(&self, op: &str, r: crate::error::Result<Inode>, reply: ReplyEntry) {
         match r {
-            Ok(i) => reply.entry(&TTL, &self.attr(&i), Generation(0)),
+            Ok(i) => {
+                // The kernel now holds a lookup reference until FORGET.
+                self.fs.pin(i.ino, 1);
+                reply.entry(&TTL, &self.attr(&i), Generation(0))
+            }
             Err(e) => reply.error(errno(op, &e)),
         }
     }
@@ -138,6 +147,15 @@ impl Filesystem for FuseFs {
         // The kernel may offer less; what it grants is fine.
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
+        let mut wanted =
+            fuser::InitFlags::FUSE_PARALLEL_DIROPS | fuser::InitFlags::FUSE_CACHE_SYMLINKS;
+        if self.writeback {
+            wanted |= fuser::InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if let Err(missing) = config.add_capabilities(wanted) {
+            tracing::info!(?missing, "the kernel lacks some FUSE capabilities");
+            let _ = config.add_capabilities(wanted & !missing);
+        }
         Ok(())
     }
 
@@ -149,6 +167,12 @@ impl Filesystem for FuseFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.reply_entry("lookup", self.fs.lookup(parent.0, name.as_bytes()), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if let Err(e) = self.fs.unpin(ino.0, nlookup) {
+            tracing::warn!(ino = ino.0, error = %e, "cannot reclaim a forgotten unlinked file now; the next mount will");
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -571,7 +595,8 @@ impl Filesystem for FuseFs {
         };
         match self.make(req, parent, name, new) {
             Ok(i) => {
-                self.fs.opened(i.ino);
+                // A lookup reference and an open handle.
+                self.fs.pin(i.ino, 2);
                 reply.created(
                     &TTL,
                     &self.attr(&i),

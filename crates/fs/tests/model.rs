@@ -142,6 +142,24 @@ fn unlinked_open_files_keep_their_data_until_released() {
 }
 
 #[test]
+fn an_unlinked_file_the_kernel_still_knows_is_reclaimed_at_forget() {
+    let (store, fs, _) = new_fs(4096);
+    let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
+    fs.pin(f.ino, 2); // two lookups
+    fs.write(f.ino, 0, &[5u8; 9000]).expect("write");
+    fs.flush_inode(f.ino).expect("flush");
+    fs.unlink(ROOT, b"f").expect("unlink");
+    // A write-back after close still lands.
+    fs.write(f.ino, 9000, b"late").expect("late write");
+    fs.unpin(f.ino, 1).expect("forget one");
+    assert!(fs.inode(f.ino).is_ok());
+    let before = store.len();
+    fs.unpin(f.ino, 1).expect("forget the last");
+    assert_eq!(errno(fs.inode(f.ino)), libc::ENOENT);
+    assert!(store.len() < before);
+}
+
+#[test]
 fn sparse_files_and_truncation_read_zeros() {
     let (_s, fs, _) = new_fs(4096);
     let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");

@@ -69,6 +69,10 @@ pub struct MountArgs {
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// Let the kernel's page cache buffer writes (yes) or send each write
+    /// through at once (no).
+    #[arg(long, value_parser = ["yes", "no"], default_value = "yes")]
+    writeback_cache: String,
 }
 
 fn chunk_size(v: Option<u64>) -> Result<u32, Box<dyn std::error::Error>> {
@@ -181,8 +185,12 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(args.threads.max(1));
     config.clone_fd = true;
-    let mut session = fuser::Session::new(FuseFs::new(fs.clone()), &args.mountpoint, &config)
-        .map_err(|e| format!("cannot mount on {}: {e}", args.mountpoint.display()))?;
+    let mut session = fuser::Session::new(
+        FuseFs::new(fs.clone(), args.writeback_cache == "yes"),
+        &args.mountpoint,
+        &config,
+    )
+    .map_err(|e| format!("cannot mount on {}: {e}", args.mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
     let stop = Arc::new(AtomicBool::new(false));
     let flusher = {
@@ -219,6 +227,7 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     let _ = flusher.join();
     fs.stop_reclaimer();
     let _ = reclaimer.join();
+    fs.unmounted()?;
     fs.sync_all()?;
     lease.release()?;
     served.map_err(|e| format!("serving FUSE: {e}"))?;
