@@ -30,4 +30,4 @@ pub use conn::Conn;
 pub use error::{ClientError, Result};
 pub use repair::RepairReport;
 pub use status::NodeStatus;
-pub use store::{MemStore, Store, WriteOp};
+pub use store::{Capacity, MemStore, Store, WriteOp};

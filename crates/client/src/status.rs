@@ -31,6 +31,8 @@ pub struct NodeStatus {
     pub segments_free: u64,
     /// See `segments_free`.
     pub segments_total: u64,
+    /// Bytes per segment (0 from a node too old to say).
+    pub segment_bytes: u64,
     /// DRAM the engine uses for index, cache, filters and memtable.
     pub dram_bytes: u64,
     /// Writes this node holds for other nodes that missed them (hinted
@@ -55,6 +57,26 @@ fn info_fields(reply: Reply) -> HashMap<String, String> {
 }
 
 impl Cluster {
+    /// Space for user data over the nodes that answer: their devices'
+    /// total and free bytes, divided by the replica count. `None` when no
+    /// node answers or none reports its segment size.
+    pub fn capacity(&self) -> Option<crate::store::Capacity> {
+        let up: Vec<NodeStatus> = self
+            .status()
+            .into_iter()
+            .filter(|s| s.up && s.segment_bytes > 0)
+            .collect();
+        if up.is_empty() {
+            return None;
+        }
+        let copies = self.replica_count().clamp(1, up.len()) as u64;
+        let sum = |f: fn(&NodeStatus) -> u64| up.iter().map(f).sum::<u64>() / copies;
+        Some(crate::store::Capacity {
+            total: sum(|s| s.segments_total * s.segment_bytes),
+            free: sum(|s| s.segments_free * s.segment_bytes),
+        })
+    }
+
     /// The status of every node, in configuration order. Nodes are asked in
     /// parallel; one that does not answer is reported down.
     pub fn status(&self) -> Vec<NodeStatus> {
@@ -121,6 +143,7 @@ fn parse_status(addr: String, f: &HashMap<String, String>) -> NodeStatus {
         write_amplification: float("write_amplification"),
         reads_per_get: float("device_reads_per_get"),
         segments_free: num("segments_free"),
+        segment_bytes: num("segment_bytes"),
         segments_total: num("segments_total"),
         dram_bytes: [
             "dram_index_bytes",

@@ -19,6 +19,16 @@ use crate::error::Result;
 /// One write of a batch: `Some(value)` stores, `None` deletes.
 pub type WriteOp<'a> = (&'a [u8], Option<&'a [u8]>);
 
+/// Space of a store for user data, in bytes (what `df` shows): the
+/// devices' total and free bytes divided by the copies kept of each key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Bytes in all.
+    pub total: u64,
+    /// Bytes free.
+    pub free: u64,
+}
+
 /// A key-value store as the adapters use it.
 pub trait Store: Send + Sync {
     /// The values of `keys` (`None`: absent or deleted).
@@ -46,6 +56,10 @@ pub trait Store: Send + Sync {
     }
     /// Makes every write that returned so far durable.
     fn sync(&self) -> Result<()>;
+    /// The store's space, if it knows it.
+    fn capacity(&self) -> Result<Option<Capacity>> {
+        Ok(None)
+    }
 
     /// The value of `key`.
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
@@ -82,6 +96,9 @@ impl Store for Cluster {
     }
     fn sync(&self) -> Result<()> {
         Cluster::sync(self)
+    }
+    fn capacity(&self) -> Result<Option<Capacity>> {
+        Ok(Cluster::capacity(self))
     }
 }
 

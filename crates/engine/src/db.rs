@@ -1095,6 +1095,7 @@ impl DbInner {
             },
             segments_total: fstats.segments_total,
             segments_free: fstats.segments_free,
+            segment_bytes: self.flash.geometry().segment_bytes(),
             segments_log: segs.len() as u32,
             write_throttle_micros: Counters::get(&self.counters.write_throttle_micros),
             checkpoints: Counters::get(&self.counters.checkpoints),

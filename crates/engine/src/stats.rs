@@ -84,6 +84,8 @@ pub struct Stats {
     pub segments_total: u32,
     /// Free segments.
     pub segments_free: u32,
+    /// Bytes per segment.
+    pub segment_bytes: u64,
     /// Value-log segments in use.
     pub segments_log: u32,
     /// Time writers spent slowed down by backpressure, microseconds.

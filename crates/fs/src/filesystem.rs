@@ -45,6 +45,7 @@ pub struct FileSystem {
     data_locks: Vec<Mutex<()>>,
     /// Unlinked inodes for the background reclaimer, once started.
     reclaim_queue: Mutex<Option<crossbeam_channel::Sender<u64>>>,
+    capacity: Mutex<Option<(std::time::Instant, Option<client::Capacity>)>>,
 }
 
 /// A metadata change: inodes read and changed, other keys written, all
@@ -161,9 +162,27 @@ impl FileSystem {
             pins: Mutex::new(HashMap::new()),
             data_locks: (0..DATA_STRIPES).map(|_| Mutex::new(())).collect(),
             reclaim_queue: Mutex::new(None),
+            capacity: Mutex::new(None),
         };
         fs.recover()?;
         Ok(fs)
+    }
+
+    /// The cluster's space for user data, if known (asked at most every
+    /// few seconds: `df` should not fan out to every node each time).
+    pub fn capacity(&self) -> Option<client::Capacity> {
+        let mut cached = self.capacity.lock();
+        if let Some((at, c)) = *cached {
+            if at.elapsed() < std::time::Duration::from_secs(5) {
+                return c;
+            }
+        }
+        let c = self.store.capacity().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the cluster's capacity");
+            None
+        });
+        *cached = Some((std::time::Instant::now(), c));
+        c
     }
 
     /// Bytes per data chunk.

@@ -477,19 +477,23 @@ impl Filesystem for FuseFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // The nodes' capacity is not known here yet: report a large,
-        // mostly free file system.
-        let bsize = 4096u32;
-        let blocks = (1u64 << 50) / u64::from(bsize);
+        let bsize = 4096u64;
+        // Unknown capacity (no node answers): a large, free file system.
+        let (total, free) = self
+            .fs
+            .capacity()
+            .map_or((1 << 50, 1 << 50), |c| (c.total, c.free));
+        // Inodes are keys: as many as blocks, as free as space.
+        let (blocks, bfree) = (total / bsize, free / bsize);
         reply.statfs(
             blocks,
+            bfree,
+            bfree,
             blocks,
-            blocks,
-            1 << 40,
-            1 << 40,
-            bsize,
+            bfree,
+            bsize as u32,
             NAME_MAX as u32,
-            bsize,
+            bsize as u32,
         );
     }
 

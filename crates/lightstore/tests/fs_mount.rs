@@ -225,6 +225,14 @@ fn a_tree_unpacks_survives_a_remount_and_hosts_git() {
         src.display(), mnt.display(), mnt.display(), src.display(), mnt.display()
     ));
     tree_equal(&src, &mnt.join("tree"));
+    // df shows the node's device, not a made-up size.
+    let df = sh(&format!("stat -f -c '%b %S %f' '{}'", mnt.display()));
+    let f: Vec<u64> = String::from_utf8_lossy(&df.stdout)
+        .split_whitespace()
+        .map(|x| x.parse().expect("number"))
+        .collect();
+    let (total, free) = (f[0] * f[1], f[2] * f[1]);
+    assert!(total > 0 && total < 1 << 45 && free <= total, "df: {f:?}");
     sh(&format!(
         "cd '{}' && git init -q g && cd g && cp -r ../d0 . && git add -A && \
          git -c user.email=a@b -c user.name=t commit -qm one && echo x >> d0/e0/f0 && \

@@ -161,6 +161,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("garbage_ratio", &format!("{:.3}", s.garbage_ratio));
             line("segments_free", &s.segments_free);
             line("segments_total", &s.segments_total);
+            line("segment_bytes", &s.segment_bytes);
             line("segments_log", &s.segments_log);
             line("last_seq", &s.last_seq);
             line("host_full", &u8::from(s.host_full));
