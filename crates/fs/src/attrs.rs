@@ -41,6 +41,7 @@ pub enum XattrMode {
 impl FileSystem {
     /// Applies `set` to `ino`; its new attributes.
     pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Inode> {
+        self.writable()?;
         // Truncation changes data first: hold the file's data lock.
         let _data = set.size.map(|_| self.data_lock(ino));
         if let Some(size) = set.size {

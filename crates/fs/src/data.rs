@@ -55,6 +55,7 @@ impl FileSystem {
         if data.is_empty() {
             return Ok(());
         }
+        self.writable()?;
         let _data = self.data_lock(ino);
         let i = self.inode(ino)?;
         if i.kind == Kind::Dir {
@@ -128,6 +129,7 @@ impl FileSystem {
             Some(_) if len == 0 => return posix(libc::EINVAL),
             _ => return posix(libc::EFBIG),
         };
+        self.writable()?;
         let _data = self.data_lock(ino);
         let i = self.inode(ino)?;
         if i.kind != Kind::File {

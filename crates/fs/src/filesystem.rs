@@ -46,6 +46,8 @@ pub struct FileSystem {
     /// Unlinked inodes for the background reclaimer, once started.
     reclaim_queue: Mutex<Option<crossbeam_channel::Sender<u64>>>,
     capacity: Mutex<Option<(std::time::Instant, Option<client::Capacity>)>>,
+    /// Cleared when this mount may no longer write (its lease is lost).
+    fence: Mutex<Option<Arc<std::sync::atomic::AtomicBool>>>,
 }
 
 /// A metadata change: inodes read and changed, other keys written, all
@@ -97,6 +99,7 @@ impl<'a> Txn<'a> {
     /// touched is written whole (with the size it has here), so its growth
     /// mark is cleared in the same batch.
     pub(crate) fn commit(self) -> Result<()> {
+        self.fs.writable()?;
         let keys = &self.fs.keys;
         let mut ops = self.ops;
         let growing: Vec<u64> = {
@@ -163,6 +166,7 @@ impl FileSystem {
             data_locks: (0..DATA_STRIPES).map(|_| Mutex::new(())).collect(),
             reclaim_queue: Mutex::new(None),
             capacity: Mutex::new(None),
+            fence: Mutex::new(None),
         };
         fs.recover()?;
         Ok(fs)
@@ -183,6 +187,20 @@ impl FileSystem {
         });
         *cached = Some((std::time::Instant::now(), c));
         c
+    }
+
+    /// Makes changes depend on `valid` (the mount lease's): while it is
+    /// false they fail with EROFS.
+    pub fn fence_with(&self, valid: Arc<std::sync::atomic::AtomicBool>) {
+        *self.fence.lock() = Some(valid);
+    }
+
+    /// EROFS unless this mount may write.
+    pub(crate) fn writable(&self) -> Result<()> {
+        match &*self.fence.lock() {
+            Some(v) if !v.load(std::sync::atomic::Ordering::Relaxed) => posix(libc::EROFS),
+            _ => Ok(()),
+        }
     }
 
     /// Bytes per data chunk.
@@ -379,6 +397,7 @@ impl FileSystem {
         if self.is_open(ino) {
             return Ok(());
         }
+        self.writable()?;
         let (start, end) = self.keys.chunks_from(ino, 0);
         self.delete_keys(&self.list_keys(&start, &end)?)?;
         let (_ns, mut txn) = self.begin();

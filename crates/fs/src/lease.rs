@@ -5,6 +5,12 @@
 //! takes over a lease known to be dead. Two mounts racing both write and
 //! then read back: the cluster orders the two writes, so exactly one reads
 //! its own and proceeds.
+//!
+//! Fencing: the lease is [`Lease::valid`] only while this mount knows it
+//! holds it. A renewal that finds another owner (a `--force` takeover), or
+//! no successful renewal for longer than [`TTL`] minus a margin (another
+//! mount may take over once it expires), clears it, and the file system
+//! then refuses changes (EROFS) instead of writing next to a new owner.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -69,14 +75,32 @@ pub fn live_holder(store: &dyn Store, keys: &Keys) -> Result<Option<String>> {
         }))
 }
 
+/// Renews the lease if it is still `owner`'s: false if another took it.
+fn renew(
+    store: &dyn Store,
+    keys: &Keys,
+    owner: &str,
+    record: &dyn Fn(&str) -> Record,
+) -> Result<bool> {
+    if read(store, keys)?.is_some_and(|r| r.owner != owner) {
+        return Ok(false);
+    }
+    store.put(&keys.lease(), record(owner).encode().as_bytes())?;
+    Ok(true)
+}
+
 /// A held lease, renewed in the background until released or dropped.
 pub struct Lease {
     store: Arc<dyn Store>,
     keys: Keys,
     owner: String,
     stop: Arc<AtomicBool>,
+    valid: Arc<AtomicBool>,
     renewer: Option<JoinHandle<()>>,
 }
+
+/// How long before expiry a mount that could not renew stops writing.
+const MARGIN: Duration = Duration::from_secs(3);
 
 impl Lease {
     /// Takes the lease of the file system `keys` belongs to, as `holder`
@@ -107,24 +131,44 @@ impl Lease {
             }
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let valid = Arc::new(AtomicBool::new(true));
         let renewer = {
-            let (store, keys, owner, stop) =
-                (store.clone(), keys.clone(), owner.clone(), stop.clone());
+            let (store, keys, owner, stop, valid) = (
+                store.clone(),
+                keys.clone(),
+                owner.clone(),
+                stop.clone(),
+                valid.clone(),
+            );
             std::thread::Builder::new()
                 .name("fs-lease".into())
                 .spawn(move || {
                     let step = Duration::from_millis(100);
                     let mut waited = Duration::ZERO;
+                    let mut renewed = std::time::Instant::now();
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(step);
                         waited += step;
+                        if renewed.elapsed() > TTL - MARGIN && valid.swap(false, Ordering::Relaxed) {
+                            tracing::error!("the mount lease could not be renewed in time: refusing changes until it is");
+                        }
                         if waited < RENEW {
                             continue;
                         }
                         waited = Duration::ZERO;
-                        if let Err(e) = store.put(&keys.lease(), record(&owner).encode().as_bytes())
-                        {
-                            tracing::error!(error = %e, "cannot renew the mount lease");
+                        match renew(&*store, &keys, &owner, &record) {
+                            Ok(true) => {
+                                renewed = std::time::Instant::now();
+                                if !valid.swap(true, Ordering::Relaxed) {
+                                    tracing::warn!("the mount lease is renewed: changes accepted again");
+                                }
+                            }
+                            Ok(false) => {
+                                tracing::error!("another mount took this file system over (--force): refusing changes; unmount here");
+                                valid.store(false, Ordering::Relaxed);
+                                return;
+                            }
+                            Err(e) => tracing::error!(error = %e, "cannot renew the mount lease"),
                         }
                     }
                 })
@@ -135,8 +179,15 @@ impl Lease {
             keys,
             owner,
             stop,
+            valid,
             renewer: Some(renewer),
         })
+    }
+
+    /// True while this mount knows it holds the lease (see the module
+    /// doc); the file system refuses changes while it is false.
+    pub fn valid(&self) -> Arc<AtomicBool> {
+        self.valid.clone()
     }
 
     /// Stops renewing and deletes the lease (if still ours).

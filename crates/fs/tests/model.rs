@@ -285,6 +285,33 @@ fn xattrs_create_replace_list_remove() {
 }
 
 #[test]
+fn a_lost_lease_fences_every_change() {
+    let (_s, fs, _) = new_fs(4096);
+    let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
+    let valid = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    fs.fence_with(valid.clone());
+    assert_eq!(
+        errno(fs.make(ME, ROOT, b"g", node(Kind::File))),
+        libc::EROFS
+    );
+    assert_eq!(errno(fs.write(f.ino, 0, b"x")), libc::EROFS);
+    assert_eq!(errno(fs.unlink(ROOT, b"f")), libc::EROFS);
+    assert_eq!(
+        errno(fs.setattr(
+            f.ino,
+            &SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            }
+        )),
+        libc::EROFS
+    );
+    assert!(fs.lookup(ROOT, b"f").is_ok(), "reads still work");
+    valid.store(true, std::sync::atomic::Ordering::Relaxed);
+    fs.write(f.ino, 0, b"x").expect("writable again");
+}
+
+#[test]
 fn inode_numbers_survive_a_restart() {
     let (store, fs, rec) = new_fs(4096);
     let a = fs.make(ME, ROOT, b"a", node(Kind::File)).expect("a");

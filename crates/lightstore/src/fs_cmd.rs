@@ -173,6 +173,7 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     );
     let lease = Lease::acquire(store.clone(), Keys::new(record.id), &holder, args.force)?;
     let fs = Arc::new(FileSystem::open(store.clone(), &record)?);
+    fs.fence_with(lease.valid());
     let reclaimer = fs.start_reclaimer()?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![

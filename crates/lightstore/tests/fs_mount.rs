@@ -429,3 +429,43 @@ fn fsx_dbench_stress_ng_and_fio_verify_run_clean() {
     }
     m.stop();
 }
+
+#[test]
+fn a_forced_takeover_fences_the_old_mount() {
+    if !can_mount() {
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    let a = Mount::start(&nodes, "f", &a_dir, &["--create"]);
+    sh(&format!("echo one > '{}/x'", a_dir.display()));
+    let b = Mount::start(&nodes, "f", &b_dir, &["--force"]);
+    // Within a lease renewal the old mount learns it was replaced and
+    // refuses changes instead of writing next to the new owner.
+    let deadline = Instant::now() + Duration::from_secs(12);
+    loop {
+        let out = Command::new("sh")
+            .args(["-c", &format!("echo two > '{}/y'", a_dir.display())])
+            .output()
+            .expect("sh");
+        if !out.status.success() {
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("Read-only"),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old mount kept writing");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    sh(&format!(
+        "cat '{}/x' && echo three > '{}/z'",
+        b_dir.display(),
+        b_dir.display()
+    ));
+    a.kill();
+    b.stop();
+}
