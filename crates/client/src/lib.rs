@@ -18,6 +18,7 @@ mod error;
 mod kv;
 mod range;
 mod read;
+pub mod records;
 mod repair;
 pub mod ring;
 mod status;

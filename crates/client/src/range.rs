@@ -186,6 +186,17 @@ pub(crate) fn newest(copies: &[(usize, Bytes)]) -> Option<&Bytes> {
         .max_by(|a, b| cmp_stored(a, b))
 }
 
+/// Fails when `down` of `all` nodes are down and so, with `replicas`
+/// copies per key, some key may have no reachable copy.
+fn check_coverage(down: usize, all: usize, replicas: usize) -> Result<()> {
+    if down >= replicas {
+        return Err(ClientError::Unavailable(format!(
+            "{down} of {all} nodes are down; with {replicas} replicas some keys may have no copy"
+        )));
+    }
+    Ok(())
+}
+
 impl Cluster {
     /// Up to `limit` pairs with `start <= key < end` (empty `end`: no upper
     /// bound), in key order, across the whole cluster. Fails when so many
@@ -209,13 +220,7 @@ impl Cluster {
             let mut listed: Vec<(Bytes, Vec<usize>)> = Vec::with_capacity(want.min(4096));
             while listed.len() < want {
                 let next = merger.next_key()?;
-                let down = all - up.len() + merger.failed.len();
-                if down >= inner.replicas {
-                    return Err(ClientError::Unavailable(format!(
-                        "{down} of {all} nodes are down; with {} replicas some keys may have no copy",
-                        inner.replicas
-                    )));
-                }
+                check_coverage(all - up.len() + merger.failed.len(), all, inner.replicas)?;
                 match next {
                     Some((key, copies)) => {
                         listed.push((key, copies.into_iter().map(|(n, _)| n).collect()))
@@ -257,13 +262,7 @@ impl Cluster {
         let mut out = Vec::with_capacity(limit.min(4096));
         while out.len() < limit {
             let next = merger.next_key()?;
-            let down = all - up.len() + merger.failed.len();
-            if down >= inner.replicas {
-                return Err(ClientError::Unavailable(format!(
-                    "{down} of {all} nodes are down; with {} replicas some keys may have no copy",
-                    inner.replicas
-                )));
-            }
+            check_coverage(all - up.len() + merger.failed.len(), all, inner.replicas)?;
             match next {
                 Some((key, _)) => out.push(key),
                 None => break,

@@ -49,10 +49,7 @@ impl Record {
 
     fn decode(b: &[u8]) -> Option<Record> {
         let text = std::str::from_utf8(b).ok()?;
-        let field = |f: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(f).and_then(|r| r.strip_prefix('=')))
-        };
+        let field = |f: &str| client::records::field(text, f);
         Some(Record {
             owner: field("owner")?.to_string(),
             expires_ms: field("expires")?.parse().ok()?,

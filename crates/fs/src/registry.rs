@@ -19,7 +19,6 @@ const PREFIX: &[u8] = b"{lightstore:fs}/";
 pub const DEFAULT_CHUNK_SIZE: u32 = 64 << 10;
 const MIN_CHUNK: u32 = 4096;
 const MAX_CHUNK: u32 = 4 << 20;
-const MAX_NAME: usize = 200;
 
 /// A file system's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,18 +34,7 @@ fn record_key(name: &str) -> Vec<u8> {
 }
 
 fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(FsError::Refused(format!(
-            "file system name {name:?}: use 1-{MAX_NAME} letters, digits, '-', '_' or '.'"
-        )))
-    }
+    client::records::check_name("file system name", name).map_err(FsError::Refused)
 }
 
 impl FsRecord {
@@ -60,11 +48,7 @@ impl FsRecord {
     fn decode(name: &str, text: &[u8]) -> Result<FsRecord> {
         let bad = || FsError::Corrupt(format!("file system {name}: unreadable record"));
         let text = std::str::from_utf8(text).map_err(|_| bad())?;
-        let field = |f: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(f).and_then(|r| r.strip_prefix('=')))
-                .ok_or_else(bad)
-        };
+        let field = |f: &str| client::records::field(text, f).ok_or_else(bad);
         let rec = FsRecord {
             name: name.to_string(),
             id: u64::from_str_radix(field("id")?, 16).map_err(|_| bad())?,

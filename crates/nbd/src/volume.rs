@@ -24,8 +24,6 @@ pub const DEFAULT_CHUNK_SIZE: u32 = 8 << 10;
 /// Smallest and largest chunk sizes.
 const MIN_CHUNK: u32 = 4096;
 const MAX_CHUNK: u32 = 4 << 20;
-/// Longest volume name.
-const MAX_NAME: usize = 200;
 
 /// A volume's metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,18 +54,7 @@ pub fn chunk_key(id: u64, index: u64) -> Vec<u8> {
 }
 
 fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(NbdError::BadVolume(format!(
-            "volume name {name:?}: use 1-{MAX_NAME} letters, digits, '-', '_' or '.'"
-        )))
-    }
+    client::records::check_name("volume name", name).map_err(NbdError::BadVolume)
 }
 
 fn check_size(size: u64) -> Result<()> {
@@ -99,11 +86,7 @@ impl Volume {
     fn decode(name: &str, text: &[u8]) -> Result<Volume> {
         let bad = || NbdError::BadVolume(format!("volume {name}: unreadable record"));
         let text = std::str::from_utf8(text).map_err(|_| bad())?;
-        let field = |f: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(f).and_then(|r| r.strip_prefix('=')))
-                .ok_or_else(bad)
-        };
+        let field = |f: &str| client::records::field(text, f).ok_or_else(bad);
         let vol = Volume {
             name: name.to_string(),
             id: u64::from_str_radix(field("id")?, 16).map_err(|_| bad())?,
