@@ -398,8 +398,25 @@ impl FileSystem {
             return Ok(());
         }
         self.writable()?;
-        let (start, end) = self.keys.chunks_from(ino, 0);
-        self.delete_keys(&self.list_keys(&start, &end)?)?;
+        let known = match self.inode(ino) {
+            Ok(i) if i.nlink > 0 => return Ok(()),
+            Ok(i) => Some(i),
+            Err(FsError::Posix(_)) => None,
+            Err(e) => return Err(e),
+        };
+        // No chunk lies past the size (see data.rs), so a small file's
+        // chunks are known without listing; a large or unknown one is
+        // listed (a sparse file would leave many needless tombstones).
+        let chunks = match &known {
+            Some(i) if i.size.div_ceil(self.chunk) <= 64 => (0..i.size.div_ceil(self.chunk))
+                .map(|c| self.keys.chunk(ino, c))
+                .collect(),
+            _ => {
+                let (start, end) = self.keys.chunks_from(ino, 0);
+                self.list_keys(&start, &end)?
+            }
+        };
+        self.delete_keys(&chunks)?;
         let (_ns, mut txn) = self.begin();
         match txn.get(ino) {
             Ok(i) if i.nlink > 0 => return Ok(()),
@@ -407,9 +424,11 @@ impl FileSystem {
             Err(FsError::Posix(_)) => {}
             Err(e) => return Err(e),
         }
-        let (xs, xe) = self.keys.xattrs(ino);
-        for k in self.list_keys(&xs, &xe)? {
-            txn.delete(k);
+        if known.is_none_or(|i| i.flags & crate::inode::HAS_XATTRS != 0) {
+            let (xs, xe) = self.keys.xattrs(ino);
+            for k in self.list_keys(&xs, &xe)? {
+                txn.delete(k);
+            }
         }
         txn.delete(self.keys.orphan(ino));
         txn.commit()

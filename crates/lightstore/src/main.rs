@@ -75,7 +75,9 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // fuser logs each request the kernel interrupted and each
+                // optional operation it declines: noise for an operator.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
