@@ -103,6 +103,7 @@ impl FileSystem {
         let (_ns, mut txn) = self.begin();
         let key = self.keys.xattr(ino, name);
         let i = txn.read(ino)?;
+        self.settle()?;
         let exists = i.flags & HAS_XATTRS != 0 && self.store.get(&key)?.is_some();
         match (mode, exists) {
             (XattrMode::Create, true) => return posix(libc::EEXIST),
@@ -122,6 +123,7 @@ impl FileSystem {
         if i.flags & HAS_XATTRS == 0 || name.len() > XATTR_NAME_MAX {
             return posix(libc::ENODATA);
         }
+        self.settle()?;
         match self.store.get(&self.keys.xattr(ino, name))? {
             Some(v) => Ok(v.to_vec()),
             None => posix(libc::ENODATA),
@@ -148,6 +150,7 @@ impl FileSystem {
         let (_ns, mut txn) = self.begin();
         let i = txn.read(ino)?;
         let key = self.keys.xattr(ino, name);
+        self.settle()?;
         if i.flags & HAS_XATTRS == 0 || self.store.get(&key)?.is_none() {
             return posix(libc::ENODATA);
         }

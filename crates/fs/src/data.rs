@@ -61,6 +61,9 @@ impl FileSystem {
         if i.kind == Kind::Dir {
             return posix(libc::EISDIR);
         }
+        // The inode (a create may still be queued) reaches the store
+        // before its data: no chunk is ever left without an inode.
+        self.settle()?;
         self.mark_growing(ino, end)?;
         let size = i.size;
         let first = offset / self.chunk;

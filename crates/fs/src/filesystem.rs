@@ -21,6 +21,7 @@ use crate::error::{posix, FsError, Result};
 use crate::inode::Inode;
 use crate::layout::Keys;
 use crate::registry::FsRecord;
+use crate::writebehind::WriteBehind;
 
 /// Inode numbers reserved from the counter at a time.
 const INO_BATCH: u64 = 1024;
@@ -48,6 +49,9 @@ pub struct FileSystem {
     capacity: Mutex<Option<(std::time::Instant, Option<client::Capacity>)>>,
     /// Cleared when this mount may no longer write (its lease is lost).
     fence: Mutex<Option<Arc<std::sync::atomic::AtomicBool>>>,
+    /// Metadata write-behind, once started (else changes are written
+    /// before they return).
+    write_behind: Mutex<Option<Arc<WriteBehind>>>,
 }
 
 /// A metadata change: inodes read and changed, other keys written, all
@@ -120,6 +124,19 @@ impl<'a> Txn<'a> {
         for &ino in &growing {
             ops.push((keys.growing(ino), None));
         }
+        let queue = self.fs.write_behind.lock().clone();
+        if let Some(wb) = queue {
+            // Acknowledged from the caches; written in order behind.
+            wb.push(ops);
+            let mut cache = self.fs.cache.lock();
+            for (_, i) in self.inodes {
+                cache.stored(i, false);
+            }
+            for ino in self.removed {
+                cache.remove(ino);
+            }
+            return Ok(());
+        }
         let refs: Vec<(&[u8], Option<&[u8]>)> =
             ops.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
         let result = self.fs.store.write_atomic(&refs);
@@ -167,6 +184,7 @@ impl FileSystem {
             reclaim_queue: Mutex::new(None),
             capacity: Mutex::new(None),
             fence: Mutex::new(None),
+            write_behind: Mutex::new(None),
         };
         fs.recover()?;
         Ok(fs)
@@ -187,6 +205,36 @@ impl FileSystem {
         });
         *cached = Some((std::time::Instant::now(), c));
         c
+    }
+
+    /// Acknowledges metadata changes once the caches hold them and writes
+    /// them behind, in order, in batches (see `writebehind.rs`), on a
+    /// thread that [`FileSystem::stop_write_behind`] drains and stops.
+    pub fn start_write_behind(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let wb = WriteBehind::new();
+        *self.write_behind.lock() = Some(wb.clone());
+        let store = self.store.clone();
+        std::thread::Builder::new()
+            .name("fs-write-behind".into())
+            .spawn(move || wb.run(&*store))
+    }
+
+    /// Writes what is queued and stops the write-behind thread; later
+    /// changes are written before they return.
+    pub fn stop_write_behind(&self) {
+        if let Some(wb) = self.write_behind.lock().take() {
+            wb.stop();
+        }
+    }
+
+    /// Returns once every metadata change acknowledged so far is in the
+    /// store (before reading metadata from it, and for fsync).
+    pub(crate) fn settle(&self) -> Result<()> {
+        let queue = self.write_behind.lock().clone();
+        match queue {
+            Some(wb) => wb.settle(),
+            None => Ok(()),
+        }
     }
 
     /// Makes changes depend on `valid` (the mount lease's): while it is
@@ -226,6 +274,7 @@ impl FileSystem {
         if let Some(c) = self.cache.lock().get(ino) {
             return Ok(c.inode.clone());
         }
+        self.settle()?;
         let Some(bytes) = self.store.get(&self.keys.inode(ino))? else {
             return posix(libc::ENOENT);
         };
@@ -294,12 +343,14 @@ impl FileSystem {
     /// the cluster synced.
     pub fn sync_all(&self) -> Result<()> {
         self.flush_all()?;
+        self.settle()?;
         Ok(self.store.sync()?)
     }
 
     /// Makes `ino`'s data and attributes durable on its replicas.
     pub fn fsync(&self, ino: u64) -> Result<()> {
         self.flush_inode(ino)?;
+        self.settle()?;
         Ok(self.store.sync()?)
     }
 
@@ -356,6 +407,7 @@ impl FileSystem {
 
     /// Every key in `[start, end)`, listed page by page.
     pub(crate) fn list_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.settle()?;
         let mut out = Vec::new();
         let mut from = start.to_vec();
         loop {
@@ -374,6 +426,7 @@ impl FileSystem {
 
     /// Every live pair in `[start, end)`, read page by page.
     pub(crate) fn list_pairs(&self, start: &[u8], end: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.settle()?;
         let mut out = Vec::new();
         let mut from = start.to_vec();
         loop {
@@ -398,6 +451,8 @@ impl FileSystem {
             return Ok(());
         }
         self.writable()?;
+        // The unlink must be in the store before the data goes.
+        self.settle()?;
         let known = match self.inode(ino) {
             Ok(i) if i.nlink > 0 => return Ok(()),
             Ok(i) => Some(i),

@@ -20,6 +20,7 @@ pub mod layout;
 pub mod lease;
 pub mod namespace;
 pub mod registry;
+mod writebehind;
 
 pub use error::{FsError, Result};
 pub use filesystem::FileSystem;

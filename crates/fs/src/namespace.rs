@@ -77,6 +77,7 @@ impl FileSystem {
                 Known::Unknown => d.generation(),
             }
         };
+        self.settle()?;
         match self.store.get(&self.keys.dentry(parent, name))? {
             Some(v) => {
                 let (ino, kind) = decode_dentry(&v)?;
@@ -195,6 +196,7 @@ impl FileSystem {
     /// Whether directory `ino` has no entries.
     fn is_empty_dir(&self, ino: u64) -> Result<bool> {
         let (s, e) = self.keys.dentries(ino);
+        self.settle()?;
         Ok(self.store.range(&s, &e, 1)?.is_empty())
     }
 

@@ -312,6 +312,44 @@ fn a_lost_lease_fences_every_change() {
 }
 
 #[test]
+fn write_behind_keeps_order_and_fsync_waits_for_it() {
+    let store = Arc::new(MemStore::new());
+    let rec = registry::create(&*store, "t", 4096).expect("create");
+    let fs = Arc::new(FileSystem::open(store.clone(), &rec).expect("open"));
+    let writer = fs.start_write_behind().expect("start");
+    let d = fs.make(ME, ROOT, b"d", node(Kind::Dir)).expect("mkdir");
+    for i in 0..200u32 {
+        let f = fs
+            .make(ME, d.ino, format!("f{i}").as_bytes(), node(Kind::File))
+            .expect("create");
+        fs.write(f.ino, 0, &i.to_le_bytes()).expect("write");
+        fs.flush_inode(f.ino).expect("close");
+        if i % 2 == 0 {
+            fs.rename(
+                d.ino,
+                format!("f{i}").as_bytes(),
+                ROOT,
+                format!("g{i}").as_bytes(),
+                false,
+                false,
+            )
+            .expect("rename");
+        }
+    }
+    // Reads of the store wait for the queue: the listing is complete.
+    assert_eq!(fs.list_dir(d.ino).expect("ls").len(), 100);
+    fs.sync_all().expect("sync");
+    fs.stop_write_behind();
+    writer.join().expect("writer");
+    drop(fs);
+    let fs = FileSystem::open(store.clone(), &rec).expect("reopen");
+    assert_eq!(fs.list_dir(ROOT).expect("ls").len(), 101);
+    let g = fs.lookup(ROOT, b"g42").expect("g42");
+    assert_eq!(fs.read(g.ino, 0, 4).expect("read"), 42u32.to_le_bytes());
+    assert_eq!(fs.inode(d.ino).expect("d").nlink, 2);
+}
+
+#[test]
 fn inode_numbers_survive_a_restart() {
     let (store, fs, rec) = new_fs(4096);
     let a = fs.make(ME, ROOT, b"a", node(Kind::File)).expect("a");

@@ -73,6 +73,11 @@ pub struct MountArgs {
     /// through at once (no).
     #[arg(long, value_parser = ["yes", "no"], default_value = "yes")]
     writeback_cache: String,
+    /// Acknowledge metadata changes from the adapter's caches and write
+    /// them behind in ordered atomic batches (yes; fsync waits for them),
+    /// or write each before it returns (no).
+    #[arg(long, value_parser = ["yes", "no"], default_value = "yes")]
+    write_behind: String,
 }
 
 fn chunk_size(v: Option<u64>) -> Result<u32, Box<dyn std::error::Error>> {
@@ -174,6 +179,10 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     let lease = Lease::acquire(store.clone(), Keys::new(record.id), &holder, args.force)?;
     let fs = Arc::new(FileSystem::open(store.clone(), &record)?);
     fs.fence_with(lease.valid());
+    let writer = match args.write_behind.as_str() {
+        "yes" => Some(fs.start_write_behind()?),
+        _ => None,
+    };
     let reclaimer = fs.start_reclaimer()?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -229,6 +238,11 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     fs.stop_reclaimer();
     let _ = reclaimer.join();
     fs.unmounted()?;
+    fs.flush_all()?;
+    fs.stop_write_behind();
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
     fs.sync_all()?;
     lease.release()?;
     served.map_err(|e| format!("serving FUSE: {e}"))?;

@@ -1,0 +1,178 @@
+//! Write-behind of metadata changes: a mount acknowledges a metadata
+//! change once its caches hold it and queues the change; one thread writes
+//! queued changes in order, several per atomic batch, never splitting one.
+//! So after a crash the store holds a prefix of the acknowledged changes,
+//! each whole (like ext4's ordered mode); `fsync`, `fsyncdir`, `syncfs` and
+//! unmount wait for the queue ([`WriteBehind::settle`]), and so does every
+//! read of metadata from the store, so nothing reads around the queue.
+//!
+//! A batch that fails is retried until it lands; meanwhile waiters get the
+//! error (EIO for `fsync`), and the caches keep serving what was
+//! acknowledged.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use client::Store;
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{FsError, Result};
+
+/// One change: its keys' new values (`None`: delete), applied together.
+pub(crate) type Change = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// Most bytes of changes merged into one batch (a change larger than this
+/// goes alone).
+const BATCH_BYTES: usize = 4 << 20;
+
+#[derive(Default)]
+struct State {
+    queue: Vec<Change>,
+    /// Changes queued so far, and of those written.
+    queued: u64,
+    written: u64,
+    /// Why the last batch failed, until one succeeds.
+    failing: Option<String>,
+    stop: bool,
+}
+
+/// The queue and its writer.
+pub(crate) struct WriteBehind {
+    state: Mutex<State>,
+    /// Wakes the writer.
+    work: Condvar,
+    /// Wakes those waiting for changes to be written.
+    progress: Condvar,
+}
+
+impl WriteBehind {
+    pub(crate) fn new() -> Arc<WriteBehind> {
+        Arc::new(WriteBehind {
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            progress: Condvar::new(),
+        })
+    }
+
+    /// Queues `change` (call in commit order).
+    pub(crate) fn push(&self, change: Change) {
+        let mut s = self.state.lock();
+        s.queue.push(change);
+        s.queued += 1;
+        self.work.notify_one();
+    }
+
+    /// Returns once every change queued so far is written; fails if the
+    /// writer is failing meanwhile.
+    pub(crate) fn settle(&self) -> Result<()> {
+        let mut s = self.state.lock();
+        let target = s.queued;
+        while s.written < target {
+            if let Some(why) = &s.failing {
+                return Err(FsError::Refused(format!("metadata not yet written: {why}")).into_io());
+            }
+            self.progress.wait(&mut s);
+        }
+        Ok(())
+    }
+
+    /// Writes queued changes until [`WriteBehind::stop`] (after which it
+    /// drains the queue and returns).
+    pub(crate) fn run(&self, store: &dyn Store) {
+        loop {
+            let (changes, upto) = {
+                let mut s = self.state.lock();
+                while s.queue.is_empty() && !s.stop {
+                    self.work.wait(&mut s);
+                }
+                if s.queue.is_empty() {
+                    return;
+                }
+                (std::mem::take(&mut s.queue), s.queued)
+            };
+            for batch in batches(changes) {
+                let mut delay = Duration::from_millis(50);
+                loop {
+                    let refs: Vec<(&[u8], Option<&[u8]>)> =
+                        batch.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
+                    match store.write_atomic(&refs) {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot write metadata changes; retrying");
+                            self.state.lock().failing = Some(e.to_string());
+                            self.progress.notify_all();
+                            std::thread::sleep(delay);
+                            delay = (delay * 2).min(Duration::from_secs(2));
+                        }
+                    }
+                }
+            }
+            let mut s = self.state.lock();
+            s.written = upto;
+            s.failing = None;
+            self.progress.notify_all();
+        }
+    }
+
+    /// Asks the writer to finish the queue and return.
+    pub(crate) fn stop(&self) {
+        self.state.lock().stop = true;
+        self.work.notify_one();
+    }
+}
+
+/// Consecutive changes merged into batches of about [`BATCH_BYTES`], each
+/// with one write per key (the last).
+fn batches(changes: Vec<Change>) -> Vec<Change> {
+    let mut out = Vec::new();
+    let mut batch: Change = Vec::new();
+    let mut bytes = 0;
+    let mut at: HashMap<Vec<u8>, usize> = HashMap::new();
+    for change in changes {
+        let size: usize = change
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum();
+        if !batch.is_empty() && bytes + size > BATCH_BYTES {
+            out.push(std::mem::take(&mut batch));
+            at.clear();
+            bytes = 0;
+        }
+        bytes += size;
+        for (k, v) in change {
+            match at.get(&k) {
+                Some(&i) => batch[i].1 = v,
+                None => {
+                    at.insert(k.clone(), batch.len());
+                    batch.push((k, v));
+                }
+            }
+        }
+    }
+    if !batch.is_empty() {
+        out.push(batch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_keep_the_last_write_per_key_and_never_split_a_change() {
+        let k = |s: &str| s.as_bytes().to_vec();
+        let changes = vec![
+            vec![(k("a"), Some(k("1"))), (k("b"), Some(k("1")))],
+            vec![(k("a"), None)],
+            vec![(k("c"), Some(vec![0; BATCH_BYTES]))],
+            vec![(k("a"), Some(k("3")))],
+        ];
+        let b = batches(changes);
+        assert_eq!(b.len(), 3);
+        assert_eq!(b[0], vec![(k("a"), None), (k("b"), Some(k("1")))]);
+        assert_eq!(b[1].len(), 1);
+        assert_eq!(b[2], vec![(k("a"), Some(k("3")))]);
+    }
+}
