@@ -213,10 +213,10 @@ impl FileSystem {
     pub fn start_write_behind(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
         let wb = WriteBehind::new();
         *self.write_behind.lock() = Some(wb.clone());
-        let store = self.store.clone();
+        let fs = self.clone();
         std::thread::Builder::new()
             .name("fs-write-behind".into())
-            .spawn(move || wb.run(&*store))
+            .spawn(move || wb.run(&*fs.store.clone(), || fs.writable().is_ok()))
     }
 
     /// Writes what is queued and stops the write-behind thread; later

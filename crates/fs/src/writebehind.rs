@@ -68,18 +68,22 @@ impl WriteBehind {
     pub(crate) fn settle(&self) -> Result<()> {
         let mut s = self.state.lock();
         let target = s.queued;
-        while s.written < target {
+        loop {
             if let Some(why) = &s.failing {
                 return Err(FsError::Refused(format!("metadata not yet written: {why}")).into_io());
             }
+            if s.written >= target {
+                return Ok(());
+            }
             self.progress.wait(&mut s);
         }
-        Ok(())
     }
 
     /// Writes queued changes until [`WriteBehind::stop`] (after which it
-    /// drains the queue and returns).
-    pub(crate) fn run(&self, store: &dyn Store) {
+    /// drains the queue and returns). While `may_write` says no (the mount
+    /// lost its lease) queued changes are dropped, not written next to the
+    /// new owner's.
+    pub(crate) fn run(&self, store: &dyn Store, may_write: impl Fn() -> bool) {
         loop {
             let (changes, upto) = {
                 let mut s = self.state.lock();
@@ -91,9 +95,18 @@ impl WriteBehind {
                 }
                 (std::mem::take(&mut s.queue), s.queued)
             };
+            let mut dropped = false;
             for batch in batches(changes) {
                 let mut delay = Duration::from_millis(50);
                 loop {
+                    if !may_write() {
+                        tracing::error!(
+                            changes = batch.len(),
+                            "the mount lost its lease: dropping metadata changes not yet written"
+                        );
+                        dropped = true;
+                        break;
+                    }
                     let refs: Vec<(&[u8], Option<&[u8]>)> =
                         batch.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
                     match store.write_atomic(&refs) {
@@ -110,7 +123,8 @@ impl WriteBehind {
             }
             let mut s = self.state.lock();
             s.written = upto;
-            s.failing = None;
+            s.failing =
+                dropped.then(|| "the mount lost its lease; changes were dropped".to_string());
             self.progress.notify_all();
         }
     }
