@@ -163,6 +163,33 @@ fn make_tree(root: &Path, files: usize) {
     f.set_len(10 << 20).expect("set_len");
 }
 
+/// A temp dir holding a generated tree of `files` files in `src` and its
+/// tarball `src.tar`.
+fn tree_and_tarball(files: usize) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempdir();
+    let src = tmp.path().join("src");
+    make_tree(&src, files);
+    sh(&format!(
+        "tar -C '{}' -cf '{}/src.tar' .",
+        src.display(),
+        tmp.path().display()
+    ));
+    (tmp, src)
+}
+
+/// Waits (bounded) until `path` exists: an unpack is under way.
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn tree_equal(a: &Path, b: &Path) {
     sh(&format!(
         "diff -r --no-dereference '{}' '{}'",
@@ -315,14 +342,7 @@ fn a_node_killed_during_an_unpack_loses_nothing() {
     }
     let mut tc = TestCluster::start(3);
     let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let src = tmp.path().join("src");
-    make_tree(&src, 1500);
-    sh(&format!(
-        "tar -C '{}' -cf '{}/src.tar' .",
-        src.display(),
-        tmp.path().display()
-    ));
+    let (tmp, src) = tree_and_tarball(1500);
     let mnt = tmp.path().join("mnt");
     let m = Mount::start(&nodes, "r", &mnt, &["--create"]);
     let mut tar = Command::new("tar")
@@ -333,11 +353,7 @@ fn a_node_killed_during_an_unpack_loses_nothing() {
         .spawn()
         .expect("tar");
     // Kill as soon as the unpack is under way.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !mnt.join("d3").exists() {
-        assert!(Instant::now() < deadline, "the unpack did not start");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for(&mnt.join("d3"));
     assert!(
         tar.try_wait().expect("tar").is_none(),
         "the unpack ended before the kill"
@@ -523,14 +539,7 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
     }
     let tc = TestCluster::start(1);
     let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let src = tmp.path().join("src");
-    make_tree(&src, 1500);
-    sh(&format!(
-        "tar -C '{}' -cf '{}/src.tar' .",
-        src.display(),
-        tmp.path().display()
-    ));
+    let (tmp, src) = tree_and_tarball(1500);
     let mnt = tmp.path().join("mnt");
     let m = Mount::start(&nodes, "c", &mnt, &["--create"]);
     // Renames, links and removals under way while the adapter dies.
@@ -546,11 +555,7 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
         ])
         .spawn()
         .expect("work");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !mnt.join("d3").exists() {
-        assert!(Instant::now() < deadline, "the unpack did not start");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for(&mnt.join("d3"));
     std::thread::sleep(Duration::from_millis(700));
     m.kill();
     let _ = work.wait();
