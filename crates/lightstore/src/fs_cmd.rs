@@ -153,6 +153,24 @@ fn wait_for_stop(set: &libc::sigset_t) {
     }
 }
 
+/// Detaches the mount at `dir` (`umount -l`): gone from the tree now, the
+/// FUSE session ends when its last user closes.
+fn detach(dir: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: `path` is a valid NUL-terminated string for the call.
+    let r = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    if r != 0 {
+        eprintln!(
+            "lightstore mount: cannot detach {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Runs `lightstore mount` in the foreground until unmounted (SIGINT,
 /// SIGTERM or `fusermount3 -u`).
 pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -195,12 +213,19 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(args.threads.max(1));
     config.clone_fd = true;
-    let mut session = fuser::Session::new(
+    let mut session = match fuser::Session::new(
         FuseFs::new(fs.clone(), args.writeback_cache == "yes"),
         &args.mountpoint,
         &config,
-    )
-    .map_err(|e| format!("cannot mount on {}: {e}", args.mountpoint.display()))?;
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            // Let the next mount in at once.
+            fs.stop_write_behind();
+            let _ = lease.release();
+            return Err(format!("cannot mount on {}: {e}", args.mountpoint.display()).into());
+        }
+    };
     let mut unmounter = session.unmount_callable();
     let stop = Arc::new(AtomicBool::new(false));
     let flusher = {
@@ -225,7 +250,11 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
         wait_for_stop(&signals);
         eprintln!("lightstore mount: unmounting {}", mountpoint.display());
         if let Err(e) = unmounter.unmount() {
-            eprintln!("lightstore mount: cannot unmount: {e}");
+            // Busy (open files, a shell inside): a second signal detaches
+            // it; the mount ends when the last user lets go.
+            eprintln!("lightstore mount: cannot unmount: {e}; signal again to detach it lazily");
+            wait_for_stop(&signals);
+            detach(&mountpoint);
         }
     });
     eprintln!(

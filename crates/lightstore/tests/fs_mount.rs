@@ -86,6 +86,10 @@ impl Mount {
         s
     }
 
+    fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
     /// SIGTERM; waits (bounded) for a clean exit.
     fn stop(mut self) {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -326,6 +330,28 @@ fn fsynced_data_survives_kill_9_of_the_adapter() {
     let mut again = Mount::spawn(&nodes, "k", &mnt, &[]);
     assert!(!again.wait().expect("wait").success());
     let m = Mount::start(&nodes, "k", &mnt, &["--force"]);
+    // A busy mount: the first SIGTERM cannot unmount, the second detaches.
+    let mut busy = Command::new("sleep")
+        .arg("30")
+        .current_dir(&mnt)
+        .spawn()
+        .expect("busy");
+    m.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(is_mounted(&mnt), "unmounted while busy");
+    m.signal(libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while is_mounted(&mnt) {
+        assert!(
+            Instant::now() < deadline,
+            "not detached after a second SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = busy.kill();
+    let _ = busy.wait();
+    m.stop();
+    let m = Mount::start(&nodes, "k", &mnt, &[]);
     sh(&format!(
         "cmp '{}/a/g' '{}/want' && test ! -e '{}/a/b/f'",
         mnt.display(),
