@@ -39,9 +39,9 @@ impl InodeCache {
         self.map.get_mut(&ino)
     }
 
-    /// Records `inode` as the store now holds it (clean), keeping its
-    /// growth mark state.
-    pub fn stored(&mut self, inode: Inode, growing: bool) {
+    /// Records `inode` as the store now holds it: clean, and with no
+    /// growth mark known (a committed inode's mark is deleted with it).
+    pub fn stored(&mut self, inode: Inode) {
         let stored_size = inode.size;
         self.map.insert(
             inode.ino,
@@ -49,7 +49,7 @@ impl InodeCache {
                 inode,
                 dirty: false,
                 stored_size,
-                growing,
+                growing: false,
             },
         );
         if self.map.len() > MAX_CLEAN {

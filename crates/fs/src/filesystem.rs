@@ -125,26 +125,23 @@ impl<'a> Txn<'a> {
             ops.push((keys.growing(ino), None));
         }
         let queue = self.fs.write_behind.lock().clone();
-        if let Some(wb) = queue {
+        let result = match queue {
             // Acknowledged from the caches; written in order behind.
-            wb.push(ops);
-            let mut cache = self.fs.cache.lock();
-            for (_, i) in self.inodes {
-                cache.stored(i, false);
+            Some(wb) => {
+                wb.push(ops);
+                Ok(())
             }
-            for ino in self.removed {
-                cache.remove(ino);
+            None => {
+                let refs: Vec<(&[u8], Option<&[u8]>)> =
+                    ops.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
+                self.fs.store.write_atomic(&refs)
             }
-            return Ok(());
-        }
-        let refs: Vec<(&[u8], Option<&[u8]>)> =
-            ops.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
-        let result = self.fs.store.write_atomic(&refs);
+        };
         let mut cache = self.fs.cache.lock();
         match result {
             Ok(()) => {
                 for (_, i) in self.inodes {
-                    cache.stored(i, false);
+                    cache.stored(i);
                 }
                 for ino in self.removed {
                     cache.remove(ino);
@@ -162,6 +159,33 @@ impl<'a> Txn<'a> {
                 }
                 Err(e.into())
             }
+        }
+    }
+}
+
+/// Items listed per store call by [`for_each_page`].
+const PAGE: usize = 1000;
+
+/// Reads a range from `start` a page at a time: `fetch(from, PAGE)` is the
+/// store's range call (bounded by its own end), `key` an item's key; each
+/// page goes to `visit` before the next is read.
+pub(crate) fn for_each_page<T, K: AsRef<[u8]>>(
+    start: &[u8],
+    fetch: impl Fn(&[u8], usize) -> client::Result<Vec<T>>,
+    key: impl Fn(&T) -> &K,
+    mut visit: impl FnMut(Vec<T>) -> Result<()>,
+) -> Result<()> {
+    let mut from = start.to_vec();
+    loop {
+        let page = fetch(&from, PAGE)?;
+        let full = page.len() == PAGE;
+        if let Some(last) = page.last() {
+            from = key(last).as_ref().to_vec();
+            from.push(0);
+        }
+        visit(page)?;
+        if !full {
+            return Ok(());
         }
     }
 }
@@ -286,7 +310,7 @@ impl FileSystem {
         }
         // Not knowing of a growth mark is safe: a write writes it again,
         // and the next open drops data past the stored size anyway.
-        cache.stored(inode.clone(), false);
+        cache.stored(inode.clone());
         Ok(inode)
     }
 
@@ -409,38 +433,32 @@ impl FileSystem {
     pub(crate) fn list_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.settle()?;
         let mut out = Vec::new();
-        let mut from = start.to_vec();
-        loop {
-            let page = self.store.range_keys(&from, end, 1000)?;
-            let n = page.len();
-            for k in page {
-                from = k.to_vec();
-                from.push(0);
-                out.push(k.to_vec());
-            }
-            if n < 1000 {
-                return Ok(out);
-            }
-        }
+        for_each_page(
+            start,
+            |from, n| self.store.range_keys(from, end, n),
+            |k| k,
+            |page| {
+                out.extend(page.into_iter().map(|k| k.to_vec()));
+                Ok(())
+            },
+        )?;
+        Ok(out)
     }
 
     /// Every live pair in `[start, end)`, read page by page.
     pub(crate) fn list_pairs(&self, start: &[u8], end: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.settle()?;
         let mut out = Vec::new();
-        let mut from = start.to_vec();
-        loop {
-            let page = self.store.range(&from, end, 1000)?;
-            let n = page.len();
-            for (k, v) in page {
-                from = k.to_vec();
-                from.push(0);
-                out.push((k.to_vec(), v.to_vec()));
-            }
-            if n < 1000 {
-                return Ok(out);
-            }
-        }
+        for_each_page(
+            start,
+            |from, n| self.store.range(from, end, n),
+            |(k, _)| k,
+            |page| {
+                out.extend(page.into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())));
+                Ok(())
+            },
+        )?;
+        Ok(out)
     }
 
     /// Deletes an unlinked inode: its data first, then (atomically) its

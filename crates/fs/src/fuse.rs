@@ -124,6 +124,20 @@ impl FuseFs {
         }
     }
 
+    fn reply_attr(&self, op: &str, r: crate::error::Result<Inode>, reply: ReplyAttr) {
+        match r {
+            Ok(i) => reply.attr(&TTL, &self.attr(&i)),
+            Err(e) => reply.error(errno(op, &e)),
+        }
+    }
+
+    fn reply_data(op: &str, r: crate::error::Result<Vec<u8>>, reply: ReplyData) {
+        match r {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(op, &e)),
+        }
+    }
+
     fn reply_empty(op: &str, r: crate::error::Result<()>, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
@@ -176,10 +190,7 @@ impl Filesystem for FuseFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.inode(ino.0) {
-            Ok(i) => reply.attr(&TTL, &self.attr(&i)),
-            Err(e) => reply.error(errno("getattr", &e)),
-        }
+        self.reply_attr("getattr", self.fs.inode(ino.0), reply);
     }
 
     fn setattr(
@@ -209,17 +220,11 @@ impl Filesystem for FuseFs {
             mtime: mtime.map(set_time),
             ctime: ctime.map(Time::from_system),
         };
-        match self.fs.setattr(ino.0, &set) {
-            Ok(i) => reply.attr(&TTL, &self.attr(&i)),
-            Err(e) => reply.error(errno("setattr", &e)),
-        }
+        self.reply_attr("setattr", self.fs.setattr(ino.0, &set), reply);
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno("readlink", &e)),
-        }
+        Self::reply_data("readlink", self.fs.readlink(ino.0), reply);
     }
 
     fn mknod(
@@ -345,10 +350,7 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino.0, offset, size.min(MAX_IO)) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno("read", &e)),
-        }
+        Self::reply_data("read", self.fs.read(ino.0, offset, size.min(MAX_IO)), reply);
     }
 
     fn write(

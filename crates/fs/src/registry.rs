@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use client::Store;
 
 use crate::error::{FsError, Result};
+use crate::filesystem::for_each_page;
 use crate::inode::{Inode, Kind, ROOT};
 use crate::layout::Keys;
 use crate::lease;
@@ -131,19 +132,16 @@ pub fn delete(store: Arc<dyn Store>, name: &str, force: bool) -> Result<()> {
         }
     }
     for (start, end) in [keys.all_data(), keys.all_meta()] {
-        let mut from = start;
-        loop {
-            let page = store.range_keys(&from, &end, 1000)?;
-            let ops: Vec<(&[u8], Option<&[u8]>)> = page.iter().map(|k| (&k[..], None)).collect();
-            store.write(&ops)?;
-            match page.last() {
-                Some(last) if page.len() == 1000 => {
-                    from = last.to_vec();
-                    from.push(0);
-                }
-                _ => break,
-            }
-        }
+        for_each_page(
+            &start,
+            |from, n| store.range_keys(from, &end, n),
+            |k| k,
+            |page| {
+                let ops: Vec<(&[u8], Option<&[u8]>)> =
+                    page.iter().map(|k| (&k[..], None)).collect();
+                Ok(store.write(&ops)?)
+            },
+        )?;
     }
     store.delete(&record_key(name))?;
     Ok(())
