@@ -13,8 +13,11 @@ use crate::error::{posix, Result};
 use crate::filesystem::FileSystem;
 use crate::inode::{Kind, Time};
 
-/// Largest file size (the kernel's limit for a 64-bit off_t, rounded).
-pub const MAX_FILE_SIZE: u64 = 1 << 60;
+/// Largest file size: the kernel's own limit for FUSE (`MAX_LFS_FILESIZE`).
+/// It must not be lower: with the writeback cache the kernel accepts a
+/// write up to its limit into the page cache, and a refusal here would
+/// only come at writeback, as pages dropped with an EIO on close.
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
 impl FileSystem {
     /// Up to `size` bytes of `ino` from `offset` (fewer at the end).

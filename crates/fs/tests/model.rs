@@ -188,6 +188,29 @@ fn sparse_files_and_truncation_read_zeros() {
 }
 
 #[test]
+fn files_reach_the_kernels_size_limit() {
+    // The kernel caches writes up to MAX_LFS_FILESIZE (i64::MAX) before
+    // the adapter sees them, so the adapter must take all of them.
+    let (_s, fs, _) = new_fs(4096);
+    let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
+    let last = i64::MAX as u64 - 1;
+    fs.write(f.ino, 1 << 62, b"mid").expect("write at 4 EiB");
+    fs.write(f.ino, last, b"z").expect("write the last byte");
+    assert_eq!(fs.inode(f.ino).expect("stat").size, i64::MAX as u64);
+    assert_eq!(fs.read(f.ino, last - 1, 10).expect("read"), b"\0z");
+    assert_eq!(errno(fs.write(f.ino, last, b"zz")), libc::EFBIG);
+    fs.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(3),
+            ..Default::default()
+        },
+    )
+    .expect("truncate");
+    assert_eq!(fs.read(f.ino, 0, 10).expect("read"), b"\0\0\0");
+}
+
+#[test]
 fn fallocate_grows_and_punches_holes() {
     let (_s, fs, _) = new_fs(4096);
     let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
