@@ -16,20 +16,26 @@ use crate::types::{Entry, Kind, SeqNo, ValuePtr};
 /// Per-entry DRAM overhead charged on top of the key bytes.
 const ENTRY_OVERHEAD: usize = 64;
 
-/// Bytes of a key kept inline in its skiplist entry as [`KeyHead`].
-const HEAD_LEN: usize = 16;
+/// Bytes of a key kept inline in its skiplist entry as [`KeyHead`]. Keys
+/// often share a long prefix (a table or volume name, then a number), so
+/// the head covers 32 bytes: the adapters' chunk and metadata keys and the
+/// usual `user1234…` keys fit whole, and a search then never leaves the
+/// node it is on to compare key bytes.
+const HEAD_LEN: usize = 32;
 
-/// A key's first [`HEAD_LEN`] bytes, zero-padded, as two big-endian words:
-/// comparing heads orders keys like comparing their first 16 bytes.
-type KeyHead = (u64, u64);
+/// A key's first [`HEAD_LEN`] bytes, zero-padded, as big-endian words:
+/// comparing heads orders keys like comparing their first 32 bytes.
+type KeyHead = [u64; HEAD_LEN / 8];
 
 fn head_of(key: &[u8]) -> KeyHead {
     let mut b = [0u8; HEAD_LEN];
     let n = key.len().min(HEAD_LEN);
     b[..n].copy_from_slice(&key[..n]);
-    let (hi, lo) = b.split_at(8);
-    let word = |w: &[u8]| w.iter().fold(0u64, |acc, &x| (acc << 8) | u64::from(x));
-    (word(hi), word(lo))
+    let mut head = [0u64; HEAD_LEN / 8];
+    for (word, bytes) in head.iter_mut().zip(b.chunks_exact(8)) {
+        *word = u64::from_be_bytes(bytes.try_into().unwrap_or([0; 8]));
+    }
+    head
 }
 
 /// A memtable entry's key: `(user key, seq)` ordered by [`entry_order`].
@@ -39,8 +45,8 @@ fn head_of(key: &[u8]) -> KeyHead {
 /// heap bytes only when the heads tie. Without it every visited node cost a
 /// second cache miss, and inserts were a quarter of a node's CPU time.
 ///
-/// Equal heads mean the keys agree on their first 16 bytes, except that a
-/// shorter key is zero-padded. If either key is at most 16 bytes long, the
+/// Equal heads mean the keys agree on their first 32 bytes, except that a
+/// shorter key is zero-padded. If either key is at most 32 bytes long, the
 /// shorter key is then a prefix of the longer (or they are equal), so the
 /// lengths decide; otherwise the tails decide.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -205,7 +211,7 @@ mod tests {
 
     proptest::proptest! {
         /// The head shortcut orders entries exactly as `entry_order` does:
-        /// keys around the 16-byte head, prefixes of each other, with
+        /// keys around the 32-byte head, prefixes of each other, with
         /// zero bytes (which pad short heads) and equal heads.
         #[test]
         fn key_order_is_entry_order(

@@ -66,11 +66,10 @@ pub struct Options {
     pub gc_live_threshold: f64,
     /// While at least half the device is free, clean only nearly empty
     /// segments (live fraction under 0.1): relocating values then buys space
-    /// nobody needs yet and takes device time from requests. Right for a
-    /// device whose every block is already allocated (a raw block device, a
-    /// device file with its holes filled); on a sparse file the log then
-    /// keeps writing into unallocated regions, which costs more than the GC
-    /// it saves.
+    /// nobody needs yet, takes device time and CPU from requests, and costs
+    /// less later, when the segments hold more garbage. On by default; with
+    /// small values eager GC was a third of a random fill's CPU, spent on
+    /// looking up and re-inserting records (`bench/RESULTS.md`).
     pub lazy_gc: bool,
     /// Free segments kept back from user writes for GC and compaction.
     pub reserved_segments: u32,
@@ -103,7 +102,7 @@ impl Default for Options {
             cache_bytes: 768 * 1024 * 1024,
             bloom_bits_per_key: 10,
             gc_live_threshold: 0.5,
-            lazy_gc: false,
+            lazy_gc: true,
             reserved_segments: 3,
             log_chunk_bytes: 1024 * 1024,
             format_segment_pages: None,

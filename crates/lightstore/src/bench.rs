@@ -86,9 +86,19 @@ pub struct Report {
     value_size: usize,
     durability: String,
     direct_io: bool,
+    /// Time until the last operation returned.
     seconds: f64,
     ops_per_sec: f64,
     mb_per_sec: f64,
+    /// Time from the last operation to a quiesced, closed store: the
+    /// flushes, compactions and GC the run left behind, then the close.
+    drain_seconds: f64,
+    /// Operations per second over the run and its drain together.
+    sustained_ops_per_sec: f64,
+    /// Process CPU time (user + system) over the run and its drain.
+    cpu_seconds: f64,
+    /// CPU seconds per million operations, run and drain together.
+    cpu_seconds_per_million_ops: f64,
     p50_us: u64,
     p99_us: u64,
     p999_us: u64,
@@ -143,7 +153,6 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     let mut opts = Options {
         durability,
-        lazy_gc: args.preallocate,
         ..Options::default()
     };
     if let Some(c) = args.cache_size {
@@ -165,10 +174,24 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
 
     let before = db.stats();
     let ops = args.ops.unwrap_or(args.num);
+    let cpu_before = process_cpu_seconds();
     let (elapsed, hist, not_found) = drive(&db, &args, progress(ops, "run", args.json))?;
+    // The debt: everything the run left for maintenance, then the close
+    // (final flush and checkpoint). Only then is the work really done.
+    let drain_start = Instant::now();
     db.sync().map_err(|e| e.to_string())?;
+    db.maintenance().map_err(|e| e.to_string())?;
     let after = db.stats();
-    let report = make_report(&args, direct_io, elapsed, &hist, not_found, &before, &after);
+    let db = Arc::try_unwrap(db).map_err(|_| "the benchmark threads still hold the store")?;
+    db.close().map_err(|e| e.to_string())?;
+    let measured = Measured {
+        elapsed,
+        hist,
+        not_found,
+        drain: drain_start.elapsed(),
+        cpu_seconds: process_cpu_seconds() - cpu_before,
+    };
+    let report = make_report(&args, direct_io, &measured, &before, &after);
     if args.json {
         println!(
             "{}",
@@ -177,8 +200,32 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     } else {
         print_report(&report);
     }
-    drop(db);
     Ok(())
+}
+
+/// What a timed run measured.
+struct Measured {
+    /// Until the last operation returned.
+    elapsed: Duration,
+    /// Operation latencies, µs.
+    hist: Histogram<u64>,
+    /// GETs that found nothing.
+    not_found: u64,
+    /// From the last operation to a quiesced, closed store.
+    drain: Duration,
+    /// Process CPU time over the run and the drain.
+    cpu_seconds: f64,
+}
+
+/// User + system CPU time of this process so far, seconds.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 impl BenchArgs {
@@ -326,13 +373,14 @@ fn ratio(a: u64, b: u64) -> f64 {
 fn make_report(
     args: &BenchArgs,
     direct_io: bool,
-    elapsed: Duration,
-    hist: &Histogram<u64>,
-    not_found: u64,
+    m: &Measured,
     before: &Stats,
     after: &Stats,
 ) -> Report {
-    let secs = elapsed.as_secs_f64().max(1e-9);
+    let (hist, not_found) = (&m.hist, m.not_found);
+    let secs = m.elapsed.as_secs_f64().max(1e-9);
+    let ops = args.ops.unwrap_or(args.num);
+    let total = secs + m.drain.as_secs_f64();
     let writes = after.user_bytes_written - before.user_bytes_written;
     let wa = if writes > 0 {
         ratio(
@@ -357,6 +405,10 @@ fn make_report(
             as f64
             / secs
             / 1e6,
+        drain_seconds: m.drain.as_secs_f64(),
+        sustained_ops_per_sec: ops as f64 / total,
+        cpu_seconds: m.cpu_seconds,
+        cpu_seconds_per_million_ops: m.cpu_seconds * 1e6 / ops.max(1) as f64,
         p50_us: hist.value_at_quantile(0.50),
         p99_us: hist.value_at_quantile(0.99),
         p999_us: hist.value_at_quantile(0.999),
@@ -389,6 +441,14 @@ fn print_report(r: &Report) {
     println!(
         "  throughput      {:>12.0} ops/s  {:>9.1} MB/s  ({:.2} s)",
         r.ops_per_sec, r.mb_per_sec, r.seconds
+    );
+    println!(
+        "  sustained       {:>12.0} ops/s  (drain to a quiesced, closed store {:.2} s)",
+        r.sustained_ops_per_sec, r.drain_seconds
+    );
+    println!(
+        "  CPU             {:.1} s  ({:.1} s per million ops, run and drain)",
+        r.cpu_seconds, r.cpu_seconds_per_million_ops
     );
     println!(
         "  latency (us)    p50 {}  p99 {}  p99.9 {}  max {}",

@@ -139,8 +139,7 @@ pub struct Config {
     pub keep_file_blocks: bool,
     /// Allocate every block of the device file at start (its holes are
     /// filled with zeros; data is never touched) and keep them allocated,
-    /// so no write has to allocate, and let GC wait while more than half
-    /// the device is free. Costs one write of the file's unallocated part
+    /// so no write has to allocate. Costs one write of the file's unallocated part
     /// (seconds per GiB) and its full size on the file system. Off by
     /// default.
     pub preallocate: bool,

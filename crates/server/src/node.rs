@@ -60,8 +60,6 @@ fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
     }
     let mut opts = engine::Options {
         durability: config.durability()?,
-        // Every block is allocated: GC may wait until space is needed.
-        lazy_gc: config.preallocate,
         ..engine::Options::default()
     };
     if let Some(cache) = config.cache_size {
