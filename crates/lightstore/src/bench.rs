@@ -115,6 +115,11 @@ pub struct Report {
     gc_bytes_relocated: u64,
     garbage_ratio: f64,
     compactions: u64,
+    flushes: u64,
+    /// Keytable bytes written by flushes and compactions.
+    keytable_bytes_written: u64,
+    /// Keytable bytes in each level, L1 first.
+    level_bytes: Vec<u64>,
     write_throttle_ms: u64,
     /// Writes already in the store when the timed run started (a reused
     /// store, the fill before a read workload, or `--prefill`).
@@ -428,6 +433,9 @@ fn make_report(
         gc_bytes_relocated: after.gc_bytes_relocated,
         garbage_ratio: after.garbage_ratio,
         compactions: after.compactions,
+        flushes: after.flushes - before.flushes,
+        keytable_bytes_written: after.compaction_bytes_written - before.compaction_bytes_written,
+        level_bytes: after.bytes_per_level.clone(),
         write_throttle_ms: (after.write_throttle_micros - before.write_throttle_micros) / 1000,
         writes_before: before.last_seq,
     }
@@ -472,5 +480,13 @@ fn print_report(r: &Report) {
     println!(
         "  compactions     {}   write throttle {} ms",
         r.compactions, r.write_throttle_ms
+    );
+    let mib = |b: u64| b >> 20;
+    let levels: Vec<String> = r.level_bytes.iter().map(|&b| mib(b).to_string()).collect();
+    println!(
+        "  keytables       {} MiB written by {} flushes and the compactions; levels {} MiB",
+        mib(r.keytable_bytes_written),
+        r.flushes,
+        levels.join(" / ")
     );
 }
