@@ -161,3 +161,67 @@ impl Iterator for MergeIter<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::{EntryIter, MergeIter};
+    use crate::error::{Error, Result};
+    use crate::tag::Tagging;
+    use crate::types::{Entry, Kind, ValuePtr};
+
+    fn e(key: &str, seq: u64) -> Entry {
+        Entry {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            seq,
+            kind: Kind::Put,
+            ptr: ValuePtr::default(),
+            tag: Tagging::Unknown,
+        }
+    }
+
+    fn source(items: Vec<Result<Entry>>) -> EntryIter<'static> {
+        Box::new(items.into_iter())
+    }
+
+    fn keys(it: MergeIter<'_>) -> Vec<(String, u64)> {
+        it.map(|r| {
+            let e = r.expect("entry");
+            (String::from_utf8_lossy(&e.key).into_owned(), e.seq)
+        })
+        .collect()
+    }
+
+    /// Key ascending, newest first; an equal `(key, seq)` in several
+    /// sources comes out once per source.
+    #[test]
+    fn merges_in_entry_order() {
+        let merged = MergeIter::new(vec![
+            source(vec![Ok(e("b", 9)), Ok(e("d", 5))]),
+            source(vec![
+                Ok(e("a", 1)),
+                Ok(e("b", 3)),
+                Ok(e("c", 2)),
+                Ok(e("d", 5)),
+            ]),
+            source(vec![]),
+        ]);
+        let want = [("a", 1), ("b", 9), ("b", 3), ("c", 2), ("d", 5), ("d", 5)];
+        let want: Vec<(String, u64)> = want.iter().map(|&(k, s)| (k.to_string(), s)).collect();
+        assert_eq!(keys(merged), want);
+    }
+
+    /// A source's error comes out right after the entry before it, and ends
+    /// the merge.
+    #[test]
+    fn an_error_ends_the_merge() {
+        let mut merged = MergeIter::new(vec![
+            source(vec![Ok(e("a", 1)), Err(Error::Corrupt("bad block".into()))]),
+            source(vec![Ok(e("b", 1)), Ok(e("c", 1))]),
+        ]);
+        assert_eq!(merged.next().map(|r| r.is_ok()), Some(true));
+        assert!(matches!(merged.next(), Some(Err(Error::Corrupt(_)))));
+        assert!(merged.next().is_none());
+    }
+}
