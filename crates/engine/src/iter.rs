@@ -22,6 +22,10 @@ pub struct LevelIter<'a> {
     pos: usize,
     ctx: &'a ReadCtx,
     failed: bool,
+    /// Reads the rest of a keytable at once (see [`LevelIter::for_merge`]).
+    read_ahead: bool,
+    /// The current keytable's blocks after `block`, already read.
+    ahead: std::vec::IntoIter<Arc<Block>>,
 }
 
 impl<'a> LevelIter<'a> {
@@ -36,6 +40,8 @@ impl<'a> LevelIter<'a> {
             pos: 0,
             ctx,
             failed: false,
+            read_ahead: false,
+            ahead: Vec::new().into_iter(),
         };
         if let Some(kt) = it.tables.get(table) {
             it.block_idx = kt.index.find_block(from).unwrap_or(0);
@@ -49,6 +55,40 @@ impl<'a> LevelIter<'a> {
         }
         it
     }
+
+    /// Every entry of `tables`, for a flush or compaction: a keytable
+    /// block the cache lacks is read together with the rest of its
+    /// keytable, in one device read, and is not cached. Merges read their
+    /// inputs whole; once the levels outgrow the cache, reading them a
+    /// block at a time made the flush wait on one small read per block.
+    pub fn for_merge(tables: Vec<Arc<Keytable>>, ctx: &'a ReadCtx) -> Self {
+        LevelIter {
+            tables,
+            table: 0,
+            block_idx: 0,
+            block: None,
+            pos: 0,
+            ctx,
+            failed: false,
+            read_ahead: true,
+            ahead: Vec::new().into_iter(),
+        }
+    }
+
+    /// Block `block_idx` of `kt`: the next one read ahead, or as the mode
+    /// reads it.
+    fn load(&mut self, kt: &Keytable) -> Result<Option<Arc<Block>>> {
+        if !self.read_ahead {
+            return kt.block(self.block_idx, self.ctx).map(Some);
+        }
+        if let Some(b) = self.ahead.next() {
+            return Ok(Some(b));
+        }
+        let mut blocks = kt.blocks_from(self.block_idx, self.ctx)?.into_iter();
+        let first = blocks.next();
+        self.ahead = blocks;
+        Ok(first)
+    }
 }
 
 impl Iterator for LevelIter<'_> {
@@ -59,10 +99,17 @@ impl Iterator for LevelIter<'_> {
             return None;
         }
         loop {
-            let kt = self.tables.get(self.table)?;
             if self.block.is_none() {
-                match kt.block(self.block_idx, self.ctx) {
-                    Ok(b) => self.block = Some(b),
+                let kt = Arc::clone(self.tables.get(self.table)?);
+                match self.load(&kt) {
+                    Ok(Some(b)) => self.block = Some(b),
+                    // A keytable without blocks: on to the next one.
+                    Ok(None) => {
+                        self.block_idx = 0;
+                        self.table += 1;
+                        self.ahead = Vec::new().into_iter();
+                        continue;
+                    }
                     Err(e) => {
                         self.failed = true;
                         return Some(Err(e));
@@ -78,9 +125,10 @@ impl Iterator for LevelIter<'_> {
             self.pos = 0;
             self.block = None;
             self.block_idx += 1;
-            if self.block_idx >= kt.index.blocks.len() {
+            if self.block_idx >= self.tables[self.table].index.blocks.len() {
                 self.block_idx = 0;
                 self.table += 1;
+                self.ahead = Vec::new().into_iter();
             }
         }
     }

@@ -148,7 +148,7 @@ impl DbInner {
             let old: Vec<Arc<Keytable>> = levels[0][range.clone()].to_vec();
             let sources: Vec<EntryIter<'_>> = vec![
                 Box::new(imm.iter_from(&[]).map(Ok)),
-                Box::new(LevelIter::new(old, &[], &self.ctx)),
+                Box::new(LevelIter::for_merge(old, &self.ctx)),
             ];
             let bottom = levels.iter().skip(1).all(|l| l.is_empty());
             let (out, dropped) = self.build_run(st, MergeIter::new(sources), bottom)?;
@@ -239,8 +239,8 @@ impl DbInner {
         }
         let old: Vec<Arc<Keytable>> = levels[li + 1][range.clone()].to_vec();
         let sources: Vec<EntryIter<'_>> = vec![
-            Box::new(LevelIter::new(vec![kt.clone()], &[], &self.ctx)),
-            Box::new(LevelIter::new(old, &[], &self.ctx)),
+            Box::new(LevelIter::for_merge(vec![kt.clone()], &self.ctx)),
+            Box::new(LevelIter::for_merge(old, &self.ctx)),
         ];
         let bottom = levels.iter().skip(li + 2).all(|l| l.is_empty());
         let (out, released) = match self.build_run(st, MergeIter::new(sources), bottom) {

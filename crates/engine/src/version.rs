@@ -129,6 +129,40 @@ impl Keytable {
         Ok(b)
     }
 
+    /// Blocks `i..` to the end of the keytable's data, with one device read
+    /// for those the cache lacks from the first missing one on: what a
+    /// merge reads next, at sequential speed instead of one page-sized
+    /// read per block. Blocks read here do not enter the cache (a merge's
+    /// inputs are about to be replaced; its outputs warm the cache).
+    pub fn blocks_from(&self, i: usize, ctx: &ReadCtx) -> Result<Vec<Arc<Block>>> {
+        let blocks = &self.index.blocks;
+        let Some(first) = blocks.get(i) else {
+            return Ok(Vec::new());
+        };
+        if let Some(b) = ctx.cache.get(self.id, i as u32) {
+            return Ok(vec![b]);
+        }
+        let page = ctx.flash.geometry().page_size as usize;
+        let start = first.page;
+        let pages = self.data_pages.checked_sub(start).ok_or_else(|| {
+            Error::Corrupt(format!("keytable {}: block {i} past its data", self.id))
+        })?;
+        let mut buf = AlignedBuf::new_zeroed(pages as usize * page);
+        let offset = u64::from(self.first_page + start) * page as u64;
+        ctx.flash.read(self.seg.seg(), offset, &mut buf)?;
+        ctx.block_reads.fetch_add(1, Ordering::Relaxed);
+        blocks[i..]
+            .iter()
+            .map(|h| {
+                let at = (h.page - start) as usize * page;
+                let bytes = buf.get(at..at + h.pages as usize * page).ok_or_else(|| {
+                    Error::Corrupt(format!("keytable {}: block past its data", self.id))
+                })?;
+                Ok(Arc::new(Block::parse(bytes.to_vec(), self.id)?))
+            })
+            .collect()
+    }
+
     /// Block `i` as `source` allows: `None` when it is not cached and the
     /// device may not be read.
     fn block_from(&self, i: usize, ctx: &ReadCtx, source: Source) -> Result<Option<Arc<Block>>> {

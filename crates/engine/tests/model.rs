@@ -72,11 +72,16 @@ fn check_scan(db: &Db, snap: Option<&Snapshot>, model: &Model, rng: &mut SmallRn
 
 fn run(seed: u64, ops: usize, device: &dyn Fn() -> Arc<dyn Device>) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    // Odd seeds run with lazy GC (it keeps more garbage while space is roomy).
-    let opts = engine::Options {
+    // Odd seeds run with lazy GC (it keeps more garbage while space is
+    // roomy); every third seed with a keytable cache of two blocks, so
+    // reads and merges go to the device (merges reading ahead).
+    let mut opts = engine::Options {
         lazy_gc: seed % 2 == 1,
         ..small_opts()
     };
+    if seed.is_multiple_of(3) {
+        opts.cache_bytes = 2 * 4096;
+    }
     let open = || Db::open(device(), opts.clone()).expect("open");
     let mut db = open();
     let mut model = Model::new();

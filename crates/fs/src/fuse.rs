@@ -31,8 +31,6 @@ use crate::namespace::{Caller, NewNode, NAME_MAX};
 const TTL: Duration = Duration::from_secs(1);
 /// Largest read and write request (FUSE `max_pages` 256).
 const MAX_IO: u32 = 1 << 20;
-/// Background (writeback, read-ahead) requests the kernel may queue.
-const MAX_BACKGROUND: u16 = 256;
 
 /// A directory listing: (name, ino, type) per entry, `.` and `..` first.
 type Listing = Vec<(Vec<u8>, u64, FileType)>;
@@ -163,13 +161,6 @@ impl Filesystem for FuseFs {
         // The kernel may offer less; what it grants is fine.
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
-        // The kernel queues at most this many writeback and read-ahead
-        // requests; a process that initiates writeback (close, fsync,
-        // syncfs) past the limit waits killably, and if it is killed
-        // there the kernel drops its pages as a writeback error that
-        // every later syncfs on the file system reports (EINTR or EIO).
-        // The kernel default of 12 is hit by a dozen busy writers.
-        let _ = config.set_max_background(MAX_BACKGROUND);
         let mut wanted =
             fuser::InitFlags::FUSE_PARALLEL_DIROPS | fuser::InitFlags::FUSE_CACHE_SYMLINKS;
         if self.writeback {
