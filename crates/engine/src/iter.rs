@@ -212,22 +212,10 @@ impl Iterator for MergeIter<'_> {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::{EntryIter, MergeIter};
     use crate::error::{Error, Result};
-    use crate::tag::Tagging;
-    use crate::types::{Entry, Kind, ValuePtr};
-
-    fn e(key: &str, seq: u64) -> Entry {
-        Entry {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-            seq,
-            kind: Kind::Put,
-            ptr: ValuePtr::default(),
-            tag: Tagging::Unknown,
-        }
-    }
+    use crate::test_support::put_entry as e;
+    use crate::types::Entry;
 
     fn source(items: Vec<Result<Entry>>) -> EntryIter<'static> {
         Box::new(items.into_iter())

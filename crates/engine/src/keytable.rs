@@ -467,9 +467,6 @@ mod tests {
 
     fn e(k: &str, seq: u64) -> Entry {
         Entry {
-            key: Bytes::copy_from_slice(k.as_bytes()),
-            seq,
-            kind: Kind::Put,
             ptr: ValuePtr {
                 seg: 1,
                 gen: 2,
@@ -483,6 +480,7 @@ mod tests {
                 1 => Tagging::Untagged,
                 _ => Tagging::Unknown,
             },
+            ..crate::test_support::put_entry(k, seq)
         }
     }
 

@@ -4,7 +4,20 @@ use std::sync::Arc;
 
 use flash::{LossMode, NandConfig, NandDevice};
 
+use crate::tag::Tagging;
+use crate::types::{Entry, Kind, ValuePtr};
 use crate::{Db, Options};
+
+/// A put of `key` at `seq` with an empty pointer and no tag known.
+pub(crate) fn put_entry(key: &str, seq: u64) -> Entry {
+    Entry {
+        key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+        seq,
+        kind: Kind::Put,
+        ptr: ValuePtr::default(),
+        tag: Tagging::Unknown,
+    }
+}
 
 /// A 16 MiB emulated NAND device with 4 KiB pages; a power cut loses every
 /// unsynced page.
