@@ -12,6 +12,7 @@ use crate::cache::Cached;
 use crate::error::{posix, Result};
 use crate::filesystem::FileSystem;
 use crate::inode::{Kind, Time};
+use crate::writebehind::{write_ops, Change};
 
 /// Largest file size: the kernel's own limit for FUSE (`MAX_LFS_FILESIZE`).
 /// It must not be lower: with the writeback cache the kernel accepts a
@@ -173,7 +174,7 @@ impl FileSystem {
         }
         let first = start / self.chunk;
         let last = (end - 1) / self.chunk;
-        let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let mut ops: Change = Vec::new();
         for c in first..=last {
             let cs = c * self.chunk;
             let key = self.keys.chunk(ino, c);
@@ -192,9 +193,7 @@ impl FileSystem {
                 ops.push((key, Some(v)));
             }
         }
-        let refs: Vec<(&[u8], Option<&[u8]>)> =
-            ops.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
-        Ok(self.store.write(&refs)?)
+        Ok(self.store.write(&write_ops(&ops))?)
     }
 
     /// Records the growth mark of `ino` before it grows past its stored

@@ -21,7 +21,7 @@ use crate::error::{posix, FsError, Result};
 use crate::inode::Inode;
 use crate::layout::Keys;
 use crate::registry::FsRecord;
-use crate::writebehind::WriteBehind;
+use crate::writebehind::{write_ops, Change, WriteBehind};
 
 /// Inode numbers reserved from the counter at a time.
 const INO_BATCH: u64 = 1024;
@@ -60,7 +60,7 @@ pub(crate) struct Txn<'a> {
     fs: &'a FileSystem,
     inodes: BTreeMap<u64, Inode>,
     removed: Vec<u64>,
-    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ops: Change,
 }
 
 impl<'a> Txn<'a> {
@@ -131,11 +131,7 @@ impl<'a> Txn<'a> {
                 wb.push(ops);
                 Ok(())
             }
-            None => {
-                let refs: Vec<(&[u8], Option<&[u8]>)> =
-                    ops.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
-                self.fs.store.write_atomic(&refs)
-            }
+            None => self.fs.store.write_atomic(&write_ops(&ops)),
         };
         let mut cache = self.fs.cache.lock();
         match result {

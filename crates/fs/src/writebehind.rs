@@ -22,6 +22,11 @@ use crate::error::{FsError, Result};
 /// One change: its keys' new values (`None`: delete), applied together.
 pub(crate) type Change = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
+/// `change` as the store's write operations.
+pub(crate) fn write_ops(change: &Change) -> Vec<client::WriteOp<'_>> {
+    change.iter().map(|(k, v)| (&k[..], v.as_deref())).collect()
+}
+
 /// Most bytes of changes merged into one batch (a change larger than this
 /// goes alone).
 const BATCH_BYTES: usize = 4 << 20;
@@ -107,9 +112,7 @@ impl WriteBehind {
                         dropped = true;
                         break;
                     }
-                    let refs: Vec<(&[u8], Option<&[u8]>)> =
-                        batch.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
-                    match store.write_atomic(&refs) {
+                    match store.write_atomic(&write_ops(&batch)) {
                         Ok(()) => break,
                         Err(e) => {
                             tracing::error!(error = %e, "cannot write metadata changes; retrying");

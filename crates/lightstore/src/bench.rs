@@ -398,18 +398,15 @@ fn make_report(
     Report {
         workload: args.workload,
         num: args.num,
-        ops: args.ops.unwrap_or(args.num),
+        ops,
         threads: args.threads,
         key_size: args.key_size,
         value_size: args.value_size,
         durability: args.durability.clone(),
         direct_io,
         seconds: secs,
-        ops_per_sec: args.ops.unwrap_or(args.num) as f64 / secs,
-        mb_per_sec: (args.ops.unwrap_or(args.num) * (args.key_size + args.value_size) as u64)
-            as f64
-            / secs
-            / 1e6,
+        ops_per_sec: ops as f64 / secs,
+        mb_per_sec: (ops * (args.key_size + args.value_size) as u64) as f64 / secs / 1e6,
         drain_seconds: m.drain.as_secs_f64(),
         sustained_ops_per_sec: ops as f64 / total,
         cpu_seconds: m.cpu_seconds,

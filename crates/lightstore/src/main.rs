@@ -7,14 +7,14 @@
 
 use std::io::IsTerminal;
 
+use clap::{Parser, Subcommand};
+
 /// mimalloc instead of glibc's malloc: the engine allocates a key and a
 /// skiplist node per write and frees a whole memtable per flush, and
 /// glibc spent about a fifth of a small-value fill's CPU in malloc, free
 /// and consolidation (`bench/RESULTS.md`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-use clap::{Parser, Subcommand};
 
 mod bench;
 mod cluster_cmd;
