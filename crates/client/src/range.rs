@@ -3,27 +3,58 @@
 //! in key order, replicas' copies of a key collapse to the newest version,
 //! deletions are dropped, and nodes are paged until the limit is met. The
 //! result is exactly what one node holding everything would return.
+//!
+//! [`Cluster::range`] lists digests first (`RANGE ... DIGESTS`: each key
+//! with its copy's version and checksum, from the index, no value read),
+//! then reads each live key's value once, from one replica holding the
+//! newest copy, and repairs the replicas the listing showed behind: a
+//! range is as fresh as point reads with the default read quorum, and
+//! costs one value read per key returned.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
-use protocol::versioned::{cmp_stored, Versioned};
+use protocol::versioned::{cmp_stored, encode_tombstone, version_of, Versioned};
 use protocol::Reply;
 
 use crate::cluster::{Cluster, Inner};
 use crate::error::{ClientError, Result};
+use crate::read::Digest;
 
 /// Largest page asked of one node per RANGE call.
 const MAX_PAGE: usize = 1000;
 
-/// A key with `(node, stored value)` of every node that has it.
-pub(crate) type KeyCopies = (Bytes, Vec<(usize, Bytes)>);
+/// What a range listing asks each node for besides the keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Listing {
+    /// Stored values (`RANGE`).
+    Values,
+    /// Nothing (`RANGE ... KEYSONLY`): no value is read.
+    Keys,
+    /// Digests (`RANGE ... DIGESTS`): no value is read.
+    Digests,
+}
+
+/// What one node listed for a key.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Listed {
+    /// Its stored value ([`Listing::Values`]).
+    Copy(Bytes),
+    /// Only the key ([`Listing::Keys`]).
+    Key,
+    /// Its digest ([`Listing::Digests`]); `None` if the key vanished
+    /// between the node's listing and its digest.
+    Digest(Option<Digest>),
+}
+
+/// A key with what every node that has it listed.
+pub(crate) type KeyCopies = (Bytes, Vec<(usize, Listed)>);
 
 /// Pages one node's part of a range.
 struct NodeCursor {
     node: usize,
     next: Vec<u8>,
-    buf: VecDeque<(Bytes, Bytes)>,
+    buf: VecDeque<(Bytes, Listed)>,
     done: bool,
 }
 
@@ -33,8 +64,7 @@ pub(crate) struct Merger<'a> {
     cursors: Vec<NodeCursor>,
     end: Vec<u8>,
     page: usize,
-    /// Ask for keys only (`RANGE ... KEYSONLY`): no value is read.
-    keys_only: bool,
+    listing: Listing,
     /// Nodes dropped from the merge because they failed.
     pub(crate) failed: Vec<(usize, ClientError)>,
 }
@@ -61,19 +91,24 @@ impl<'a> Merger<'a> {
                 .collect(),
             end: end.to_vec(),
             page: page.clamp(1, MAX_PAGE),
-            keys_only: false,
+            listing: Listing::Values,
             failed: Vec::new(),
         }
     }
 
-    /// Lists keys only; each copy's value is then empty.
-    pub(crate) fn keys_only(mut self) -> Self {
-        self.keys_only = true;
+    /// Asks the nodes for `listing` instead of values.
+    pub(crate) fn listing(mut self, listing: Listing) -> Self {
+        self.listing = listing;
         self
     }
 
-    /// The next key in order with `(node, stored value)` of every node that
-    /// has it. A node that fails is dropped and recorded in `failed`; an
+    /// The nodes still in the merge (those that have not failed).
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.cursors.iter().map(|c| c.node)
+    }
+
+    /// The next key in order with what every node that has it listed. A
+    /// node that fails is dropped and recorded in `failed`; an
     /// error reply from a node is returned.
     pub(crate) fn next_key(&mut self) -> Result<Option<KeyCopies>> {
         self.refill()?;
@@ -108,13 +143,15 @@ impl<'a> Merger<'a> {
         if jobs.is_empty() {
             return Ok(());
         }
-        let (end, page, keys_only) = (&self.end, self.page, self.keys_only);
+        let (end, page, listing) = (&self.end, self.page, self.listing);
         let mut shrink = false;
         let limit = page.to_string();
         let results = self.inner.fan_out(jobs, |node, start| {
             let mut args: Vec<&[u8]> = vec![b"RANGE", &start, end, b"LIMIT", limit.as_bytes()];
-            if keys_only {
-                args.push(b"KEYSONLY");
+            match listing {
+                Listing::Values => {}
+                Listing::Keys => args.push(b"KEYSONLY"),
+                Listing::Digests => args.push(b"DIGESTS"),
             }
             self.inner.with_conn(node, |c| c.call(&args))
         });
@@ -122,34 +159,18 @@ impl<'a> Merger<'a> {
             let Some(pos) = self.cursors.iter().position(|c| c.node == node) else {
                 continue;
             };
-            match r {
-                Ok(Reply::Array(items)) if keys_only || items.len() % 2 == 0 => {
+            match r.map(|reply| parse_listing(reply, listing)) {
+                Ok(Ok(items)) => {
                     let c = &mut self.cursors[pos];
-                    let n = if keys_only {
-                        items.len()
-                    } else {
-                        items.len() / 2
-                    };
-                    let mut it = items.into_iter();
-                    if keys_only {
-                        for k in it.by_ref() {
-                            if let Reply::Bulk(k) = k {
-                                c.buf.push_back((k, Bytes::new()));
-                            }
-                        }
-                    }
-                    while let (Some(Reply::Bulk(k)), Some(Reply::Bulk(v))) = (it.next(), it.next())
-                    {
-                        c.buf.push_back((k, v));
-                    }
-                    c.done = n < page;
+                    c.done = items.len() < page;
+                    c.buf.extend(items);
                     if let Some((last, _)) = c.buf.back() {
                         // The smallest key after `last`.
                         c.next = last.to_vec();
                         c.next.push(0);
                     }
                 }
-                Ok(other) => {
+                Ok(Err(other)) => {
                     return Err(ClientError::UnexpectedReply {
                         node: self.inner.nodes[node].addr.clone(),
                         command: "RANGE".into(),
@@ -178,6 +199,46 @@ impl<'a> Merger<'a> {
     }
 }
 
+/// A node's page of a listing as `(key, what it listed)`; the reply itself
+/// if it has another shape.
+fn parse_listing(
+    reply: Reply,
+    listing: Listing,
+) -> std::result::Result<Vec<(Bytes, Listed)>, Reply> {
+    let Reply::Array(items) = reply else {
+        return Err(reply);
+    };
+    if listing == Listing::Keys {
+        return items
+            .into_iter()
+            .map(|k| match k {
+                Reply::Bulk(k) => Ok((k, Listed::Key)),
+                other => Err(other),
+            })
+            .collect();
+    }
+    if !items.len().is_multiple_of(2) {
+        return Err(Reply::Array(items));
+    }
+    let mut out = Vec::with_capacity(items.len() / 2);
+    let mut it = items.into_iter();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        let listed = match (listing, v) {
+            (Listing::Values, Reply::Bulk(v)) => Listed::Copy(v),
+            (Listing::Digests, v) => match Digest::parse(&v) {
+                Some(d) => Listed::Digest(d),
+                None => return Err(v),
+            },
+            (_, other) => return Err(other),
+        };
+        match k {
+            Reply::Bulk(k) => out.push((k, listed)),
+            other => return Err(other),
+        }
+    }
+    Ok(out)
+}
+
 /// The newest of several stored copies of a key.
 pub(crate) fn newest(copies: &[(usize, Bytes)]) -> Option<&Bytes> {
     copies
@@ -197,15 +258,61 @@ fn check_coverage(down: usize, all: usize, replicas: usize) -> Result<()> {
     Ok(())
 }
 
+/// A listed key: the nodes in the merge that list it, with their digests.
+struct ListedKey {
+    key: Bytes,
+    digests: Vec<(usize, Option<Digest>)>,
+}
+
+impl ListedKey {
+    /// The newest version listed (0 if no node still holds the key).
+    fn newest_version(&self) -> u64 {
+        self.digests
+            .iter()
+            .filter_map(|(_, d)| d.map(|d| d.version))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether the newest copy listed is a deletion's tombstone (or no
+    /// node still holds the key): nothing to read.
+    fn is_deleted(&self) -> bool {
+        let v = self.newest_version();
+        let newest: Vec<Digest> = self
+            .digests
+            .iter()
+            .filter_map(|(_, d)| *d)
+            .filter(|d| d.version == v)
+            .collect();
+        newest.iter().all(|d| d.deleted)
+    }
+
+    /// The nodes to read the newest copy from: one per distinct copy at
+    /// the newest version (copies that differ at one version are ordered
+    /// by their bytes, so each is read), in listing order.
+    fn sources(&self) -> Vec<usize> {
+        let v = self.newest_version();
+        let mut crcs = Vec::new();
+        let mut out = Vec::new();
+        for (node, d) in &self.digests {
+            if let Some(d) = d.filter(|d| d.version == v && !crcs.contains(&d.crc)) {
+                crcs.push(d.crc);
+                out.push(*node);
+            }
+        }
+        out
+    }
+}
+
 impl Cluster {
     /// Up to `limit` pairs with `start <= key < end` (empty `end`: no upper
     /// bound), in key order, across the whole cluster. Fails when so many
     /// nodes are down that some key may have no reachable copy.
     ///
-    /// Keys are listed first (`RANGE ... KEYSONLY` on every node: no value
-    /// is read), then each value is read once, from the key's first healthy
-    /// replica, as a point read would; a key that replica lacks is read from
-    /// the nodes that listed it, newest copy first.
+    /// Digests are listed first (`RANGE ... DIGESTS` on every node that is
+    /// up: no value is read), then each live key's newest copy is read
+    /// once, from a node that holds it, and replicas the listing showed
+    /// older (or lacking the key) are given it (read repair).
     pub fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
         let inner = &*self.inner;
         let all = inner.nodes.len();
@@ -213,41 +320,133 @@ impl Cluster {
         // Enough per node that one round usually meets the limit.
         let page =
             (limit.saturating_mul(inner.replicas) / up.len().max(1)).saturating_add(limit / 4 + 8);
-        let mut merger = Merger::new(inner, up.clone(), start, end, page).keys_only();
+        let mut merger = Merger::new(inner, up.clone(), start, end, page).listing(Listing::Digests);
         let mut out = Vec::with_capacity(limit.min(4096));
-        while out.len() < limit {
+        let mut exhausted = false;
+        while out.len() < limit && !exhausted {
             let want = limit - out.len();
-            let mut listed: Vec<(Bytes, Vec<usize>)> = Vec::with_capacity(want.min(4096));
-            while listed.len() < want {
+            let mut live: Vec<ListedKey> = Vec::with_capacity(want.min(4096));
+            let mut repairs: BTreeMap<usize, Vec<(Bytes, Bytes)>> = BTreeMap::new();
+            while live.len() < want {
                 let next = merger.next_key()?;
                 check_coverage(all - up.len() + merger.failed.len(), all, inner.replicas)?;
-                match next {
-                    Some((key, copies)) => {
-                        listed.push((key, copies.into_iter().map(|(n, _)| n).collect()))
-                    }
-                    None => break,
-                }
-            }
-            if listed.is_empty() {
-                break;
-            }
-            let exhausted = listed.len() < want;
-            let keys: Vec<&[u8]> = listed.iter().map(|(k, _)| &k[..]).collect();
-            let stored = self.mget_stored(&keys)?;
-            for ((key, holders), stored) in listed.iter().zip(stored) {
-                let stored = match stored {
-                    Some(s) => Some(s),
-                    None => self.newest_from(key, holders)?,
+                let Some((key, listed)) = next else {
+                    exhausted = true;
+                    break;
                 };
-                if let Some(v) = stored.and_then(|s| Versioned::decode(s).value) {
-                    out.push((key.clone(), v));
+                let digests = listed
+                    .into_iter()
+                    .map(|(n, l)| (n, if let Listed::Digest(d) = l { d } else { None }))
+                    .collect();
+                let k = ListedKey { key, digests };
+                if k.is_deleted() {
+                    // A tombstone needs no read: its bytes follow from its
+                    // version.
+                    let v = k.newest_version();
+                    if v > 0 {
+                        let best = encode_tombstone(v);
+                        self.note_behind(&k, &best, merger.nodes(), &mut repairs);
+                    }
+                } else {
+                    live.push(k);
                 }
             }
-            if exhausted {
-                break;
+            let copies = self.read_newest(&live)?;
+            for (k, best) in live.iter().zip(copies) {
+                let Some(best) = best else { continue };
+                self.note_behind(k, &best, merger.nodes(), &mut repairs);
+                if let Some(v) = Versioned::decode(best).value {
+                    out.push((k.key.clone(), v));
+                }
+            }
+            if !repairs.is_empty() {
+                inner.read_repair(repairs);
             }
         }
         Ok(out)
+    }
+
+    /// The newest copy of each listed key: one `MGET` per source node,
+    /// nodes in parallel. A key whose sources failed is read from the other
+    /// nodes that listed it; fails if none of them has a copy as new as
+    /// the listing showed (answering an older one would be a stale read).
+    fn read_newest(&self, keys: &[ListedKey]) -> Result<Vec<Option<Bytes>>> {
+        let mut asks: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            for node in k.sources() {
+                asks.entry(node).or_default().push(i);
+            }
+        }
+        let jobs: Vec<(usize, Vec<usize>)> = asks.into_iter().collect();
+        let results = self.inner.fan_out(jobs.clone(), |node, idx| {
+            let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i].key[..]).collect();
+            self.mget_node(node, &ks)
+        });
+        let mut copies: Vec<Vec<(usize, Bytes)>> = vec![Vec::new(); keys.len()];
+        let mut failed: Vec<usize> = Vec::new();
+        for ((node, r), (_, idx)) in results.into_iter().zip(jobs) {
+            match r {
+                Ok(got) => {
+                    for (i, c) in idx.into_iter().zip(got) {
+                        if let Some(c) = c {
+                            copies[i].push((node, c));
+                        }
+                    }
+                }
+                Err(e) if e.is_node_failure() => failed.extend(idx),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            let mut best = newest(&copies[i]).cloned();
+            let stale = |b: &Option<Bytes>| {
+                b.as_ref()
+                    .is_none_or(|b| version_of(b) < k.newest_version())
+            };
+            if failed.contains(&i) || stale(&best) {
+                let holders: Vec<usize> = k.digests.iter().map(|(n, _)| *n).collect();
+                best = self.newest_from(&k.key, &holders)?;
+                if stale(&best) {
+                    return Err(ClientError::Unavailable(format!(
+                        "no replica of key {:?} that listed its newest copy could send it",
+                        String::from_utf8_lossy(&k.key)
+                    )));
+                }
+            }
+            out.push(best);
+        }
+        Ok(out)
+    }
+
+    /// Adds to `repairs` every replica of `k` still in the merge whose
+    /// listing showed it older than `best`, or without the key while `best`
+    /// is a value (a replica without the key needs no tombstone).
+    fn note_behind(
+        &self,
+        k: &ListedKey,
+        best: &Bytes,
+        merged: impl Iterator<Item = usize>,
+        repairs: &mut BTreeMap<usize, Vec<(Bytes, Bytes)>>,
+    ) {
+        let merged: Vec<usize> = merged.collect();
+        let (version, crc) = (version_of(best), crc32c::crc32c(best));
+        let is_value = Versioned::decode(best.clone()).value.is_some();
+        for r in self.inner.ring.replicas(&k.key, self.inner.replicas) {
+            if !merged.contains(&r) {
+                continue;
+            }
+            let behind = match k.digests.iter().find(|(n, _)| *n == r) {
+                Some((_, Some(d))) => d.version < version || (d.version == version && d.crc != crc),
+                _ => is_value,
+            };
+            if behind {
+                repairs
+                    .entry(r)
+                    .or_default()
+                    .push((k.key.clone(), best.clone()));
+            }
+        }
     }
 
     /// Up to `limit` keys with `start <= key < end` in key order, listed
@@ -258,7 +457,7 @@ impl Cluster {
         let all = inner.nodes.len();
         let up: Vec<usize> = (0..all).filter(|&i| inner.is_up(i)).collect();
         let page = (limit / up.len().max(1)).saturating_add(limit / 4 + 8);
-        let mut merger = Merger::new(inner, up.clone(), start, end, page).keys_only();
+        let mut merger = Merger::new(inner, up.clone(), start, end, page).listing(Listing::Keys);
         let mut out = Vec::with_capacity(limit.min(4096));
         while out.len() < limit {
             let next = merger.next_key()?;

@@ -37,13 +37,36 @@ enum Answer {
     Digest(Option<Digest>),
 }
 
-/// A replica's digest of its copy of a key (`VMETA`).
+/// A replica's digest of its copy of a key (`VMETA`, `RANGE ... DIGESTS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Digest {
-    version: u64,
-    crc: u32,
+pub(crate) struct Digest {
+    pub(crate) version: u64,
+    /// CRC32C of the stored copy.
+    pub(crate) crc: u32,
     /// The copy is a deletion's tombstone.
-    deleted: bool,
+    pub(crate) deleted: bool,
+}
+
+impl Digest {
+    /// One digest as a node sends it: `[version, crc32c, length, deleted]`,
+    /// or Null (`Some(None)`); `None` if the reply has another shape.
+    pub(crate) fn parse(item: &Reply) -> Option<Option<Digest>> {
+        match item {
+            Reply::Null => Some(None),
+            Reply::Array(f) => match f.as_slice() {
+                [Reply::Bulk(v), Reply::Integer(crc), Reply::Integer(_), Reply::Integer(del)] => {
+                    let version = std::str::from_utf8(v).ok()?.parse().ok()?;
+                    Some(Some(Digest {
+                        version,
+                        crc: u32::try_from(*crc).ok()?,
+                        deleted: *del != 0,
+                    }))
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
 }
 
 /// One key's read: the replicas to try, in order, and what they answered.
@@ -267,7 +290,7 @@ impl Cluster {
 
     /// One node's copies of `keys` (`MGET`, split in halves when the node
     /// refuses the reply as too large).
-    fn mget_node(&self, node: usize, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+    pub(crate) fn mget_node(&self, node: usize, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
         let reply = self.mget_split(node, keys)?;
         self.parse_copies(node, reply, keys.len())
     }
@@ -294,25 +317,7 @@ impl Cluster {
         }
         items
             .iter()
-            .map(|item| match item {
-                Reply::Null => Ok(None),
-                Reply::Array(f) => match f.as_slice() {
-                    [Reply::Bulk(v), Reply::Integer(crc), Reply::Integer(_), Reply::Integer(del)] =>
-                    {
-                        let version = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
-                        match (version, u32::try_from(*crc)) {
-                            (Some(version), Ok(crc)) => Ok(Some(Digest {
-                                version,
-                                crc,
-                                deleted: *del != 0,
-                            })),
-                            _ => Err(self.unexpected(node, "VMETA", &reply)),
-                        }
-                    }
-                    _ => Err(self.unexpected(node, "VMETA", &reply)),
-                },
-                _ => Err(self.unexpected(node, "VMETA", &reply)),
-            })
+            .map(|item| Digest::parse(item).ok_or_else(|| self.unexpected(node, "VMETA", &reply)))
             .collect()
     }
 
@@ -492,7 +497,7 @@ impl Inner {
     /// Writes the newest copies back to the replicas found stale, nodes in
     /// parallel. Versions only move forward on a node, so a repair racing
     /// a newer write cannot undo it.
-    fn read_repair(&self, repairs: BTreeMap<usize, Vec<(Bytes, Bytes)>>) {
+    pub(crate) fn read_repair(&self, repairs: BTreeMap<usize, Vec<(Bytes, Bytes)>>) {
         let jobs: Vec<(usize, Vec<(Bytes, Bytes)>)> = repairs.into_iter().collect();
         let results = self.fan_out(jobs, |node, copies| {
             let n = copies.len() as u64;

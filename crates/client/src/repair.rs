@@ -13,7 +13,7 @@ use protocol::versioned::cmp_stored;
 
 use crate::cluster::{send_stored, Cluster, Inner};
 use crate::error::Result;
-use crate::range::{newest, Merger};
+use crate::range::{newest, Listed, Merger};
 
 /// Keys read per node per RANGE call during repair.
 const PAGE: usize = 256;
@@ -62,8 +62,15 @@ impl Inner {
         let nodes: Vec<usize> = (0..self.nodes.len()).collect();
         let mut merger = Merger::new(self, nodes, b"", b"", PAGE);
         let mut outboxes: BTreeMap<usize, Outbox> = BTreeMap::new();
-        while let Some((key, copies)) = merger.next_key()? {
+        while let Some((key, listed)) = merger.next_key()? {
             report.keys += 1;
+            let copies: Vec<(usize, Bytes)> = listed
+                .into_iter()
+                .filter_map(|(n, l)| match l {
+                    Listed::Copy(v) => Some((n, v)),
+                    Listed::Key | Listed::Digest(_) => None,
+                })
+                .collect();
             let replicas = self.ring.replicas(&key, self.replicas);
             report.misplaced += copies.iter().filter(|(n, _)| !replicas.contains(n)).count() as u64;
             let Some(best) = newest(&copies).cloned() else {

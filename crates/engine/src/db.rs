@@ -955,7 +955,7 @@ impl DbInner {
     /// Fails with [`Error::TooLarge`] as soon as the keys found (and, with
     /// `with_values`, their records) add up to more than `max_bytes`.
     #[allow(clippy::too_many_arguments)]
-    fn visible_entries(
+    pub(crate) fn visible_entries(
         &self,
         sv: &SuperVersion,
         start: &[u8],

@@ -94,6 +94,30 @@ impl Db {
             })
             .collect()
     }
+
+    /// Up to `limit` live keys of `[start, end)` (empty `end`: unbounded)
+    /// in key order, each with what the index holds of its value: a range
+    /// listing that lets a reader compare replicas without reading values.
+    /// Fails with [`crate::Error::TooLarge`] once the keys found add up to
+    /// more than `max_bytes`.
+    pub fn scan_meta_bounded(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(Bytes, ValueMeta)>> {
+        let (sv, seq) = self.inner.read_view(None);
+        Ok(self
+            .inner
+            .visible_entries(&sv, start, end, limit, seq, max_bytes, false)?
+            .into_iter()
+            .map(|e| {
+                let meta = ValueMeta::of(&e);
+                (e.key, meta)
+            })
+            .collect())
+    }
 }
 
 /// A key's current value as a conditional batch's predicate sees it: what

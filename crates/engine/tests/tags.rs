@@ -51,6 +51,38 @@ fn check(db: &engine::Db, model: &BTreeMap<Vec<u8>, Vec<u8>>, keys: &[Vec<u8>], 
             (want, got) => panic!("{when}: {k:?}: model {want:?}, meta {got:?}"),
         }
     }
+    // A range listing answers the same, in key order, live keys only.
+    let listed = db
+        .scan_meta_bounded(b"", b"", usize::MAX, usize::MAX)
+        .expect("scan meta");
+    assert_eq!(listed.len(), model.len(), "{when}: keys listed");
+    for ((k, m), (mk, v)) in listed.iter().zip(model.iter()) {
+        assert_eq!(&k[..], &mk[..], "{when}: listing order");
+        assert_eq!(
+            m.value_len as usize,
+            v.len(),
+            "{when}: listed length of {k:?}"
+        );
+        assert_eq!(
+            m.value_crc,
+            crc32c::crc32c(v),
+            "{when}: listed crc of {k:?}"
+        );
+        assert_eq!(m.tag, expected_tag(v), "{when}: listed tag of {k:?}");
+    }
+    let (from, to) = (&keys[10][..], &keys[20][..]);
+    let part = db.scan_meta_bounded(from, to, 3, usize::MAX).expect("part");
+    let want: Vec<&Vec<u8>> = model
+        .range(from.to_vec()..to.to_vec())
+        .map(|(k, _)| k)
+        .take(3)
+        .collect();
+    let got: Vec<Vec<u8>> = part.iter().map(|(k, _)| k.to_vec()).collect();
+    assert_eq!(
+        got.iter().collect::<Vec<_>>(),
+        want,
+        "{when}: bounded listing"
+    );
 }
 
 #[test]

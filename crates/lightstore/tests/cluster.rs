@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use client::{Cluster, ClusterConfig};
-use protocol::versioned::Versioned;
+use protocol::versioned::{version_of, Versioned};
 use protocol::Reply;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -265,6 +265,41 @@ fn range_reads_merge_like_one_node() {
         (&got[0].0[..], &got[0].1[..]),
         (&lost[..], &b"still here"[..])
     );
+
+    // A replica that missed the newest write of a key, or its deletion:
+    // the range answers as of the newest copy, reading no stale one, and
+    // gives the replica that copy (read repair).
+    let (newer, gone) = (&b"t-newer-on-second"[..], &b"t-deleted-on-second"[..]);
+    c.set(newer, b"old").expect("set");
+    c.set(gone, b"old").expect("set");
+    let version = |v: u64| v.to_string().into_bytes();
+    let next = u64::MAX / 2;
+    let (p1, p2) = (c.replicas_of(newer)[0], c.replicas_of(gone)[0]);
+    let second = |k: &[u8]| c.replicas_of(k)[1];
+    c.call_node(
+        second(newer),
+        &[&b"VSET"[..], newer, &version(next), &b"new"[..]],
+    )
+    .expect("VSET on one replica");
+    c.call_node(second(gone), &[&b"VDEL"[..], gone, &version(next)[..]])
+        .expect("VDEL on one replica");
+    let repairs = c.read_repairs();
+    let got = c.range(b"t", b"u", 10).expect("range");
+    assert_eq!(
+        got,
+        vec![(Bytes::from_static(newer), Bytes::from_static(b"new"))]
+    );
+    assert_eq!(
+        c.read_repairs() - repairs,
+        2,
+        "both stale replicas repaired"
+    );
+    for (node, key) in [(p1, newer), (p2, gone)] {
+        let Reply::Bulk(stored) = c.call_node(node, &[&b"GET"[..], key]).expect("GET") else {
+            panic!("{key:?} lost on its primary");
+        };
+        assert_eq!(version_of(&stored), next, "{key:?} repaired on its primary");
+    }
 
     // A read of a missing key, and binary-safe keys and values.
     assert_eq!(c.get(b"nope").expect("get"), None);

@@ -316,6 +316,43 @@ fn versioned_writes_only_move_forward() {
     assert_eq!(call(&mut c, &[b"VSET", b"r2", b"20", b"aaa"]), Resp::Int(1));
     assert_eq!(call(&mut c, &[b"VSET", b"r2", b"20", b"bbb"]), Resp::Int(1));
     assert_eq!(stored(&mut c, b"r1"), stored(&mut c, b"r2"));
+    // RANGE ... DIGESTS lists each key with its VMETA digest, tombstones
+    // and plain values included, in key order.
+    let Resp::Array(listed) = call(&mut c, &[b"RANGE", b"", b"", b"DIGESTS"]) else {
+        panic!("RANGE DIGESTS reply");
+    };
+    let keys: Vec<&Resp> = listed.iter().step_by(2).collect();
+    let bulk = |b: &[u8]| Resp::Bulk(b.to_vec());
+    assert_eq!(
+        keys,
+        [
+            &bulk(b"gone"),
+            &bulk(b"k"),
+            &bulk(b"p"),
+            &bulk(b"r1"),
+            &bulk(b"r2")
+        ]
+    );
+    let Resp::Array(gone) = &listed[1] else {
+        panic!("digest of gone: {:?}", listed[1]);
+    };
+    assert_eq!(gone[0], bulk(b"3"));
+    assert_eq!(gone[3], Resp::Int(1), "a tombstone");
+    let Resp::Array(k) = &listed[3] else {
+        panic!("digest of k: {:?}", listed[3]);
+    };
+    assert_eq!(
+        (&k[0], &k[2], &k[3]),
+        (&bulk(b"11"), &Resp::Int(11), &Resp::Int(0))
+    );
+    let Resp::Array(one) = call(&mut c, &[b"RANGE", b"k", b"r", b"DIGESTS", b"LIMIT", b"1"]) else {
+        panic!("RANGE DIGESTS LIMIT 1 reply");
+    };
+    assert_eq!((one.len(), &one[0]), (2, &bulk(b"k")));
+    assert!(matches!(
+        call(&mut c, &[b"RANGE", b"", b"", b"DIGESTS", b"KEYSONLY"]),
+        Resp::Error(_)
+    ));
     // Bad input gets an error and the connection stays usable.
     assert!(matches!(
         call(&mut c, &[b"VSET", b"k", b"-1", b"x"]),

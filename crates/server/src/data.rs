@@ -489,16 +489,20 @@ fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     ]))
 }
 
-/// RANGE start end [LIMIT n] [KEYSONLY]: ordered pairs with start <= key <
-/// end (empty end = unbounded) as a flat array k1 v1 k2 v2 ..., or only the
-/// keys with KEYSONLY (no value is read from the device).
+/// RANGE start end [LIMIT n] [KEYSONLY | DIGESTS]: ordered pairs with
+/// start <= key < end (empty end = unbounded) as a flat array k1 v1 k2 v2
+/// ...; with KEYSONLY only the keys, with DIGESTS each key followed by its
+/// digest as VMETA gives it (`[version, crc32c, length, deleted]`, or Null
+/// for a key deleted meanwhile). Neither reads a value from the device.
 fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     let mut limit = RANGE_DEFAULT_LIMIT;
-    let mut keys_only = false;
+    let (mut keys_only, mut digests) = (false, false);
     let mut opts = args[3..].iter();
     while let Some(opt) = opts.next() {
         if opt.eq_ignore_ascii_case(b"KEYSONLY") {
             keys_only = true;
+        } else if opt.eq_ignore_ascii_case(b"DIGESTS") {
+            digests = true;
         } else if opt.eq_ignore_ascii_case(b"LIMIT") {
             match opts.next().and_then(|n| int(n)) {
                 Some(n) if n >= 0 => limit = usize::try_from(n).unwrap_or(usize::MAX),
@@ -507,6 +511,9 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         } else {
             return Ok(errors::syntax());
         }
+    }
+    if keys_only && digests {
+        return Ok(errors::syntax());
     }
     let limit = limit.min(RANGE_MAX_LIMIT);
     let too_large = |max: usize| {
@@ -523,6 +530,23 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             Err(engine::Error::TooLarge { max }) => Ok(too_large(max)),
             other => Ok(Reply::Array(other?.into_iter().map(Reply::Bulk).collect())),
         };
+    }
+    if digests {
+        let listed = match read_visible(&args[1], &args[2], limit, |s, e, n| {
+            state.db.scan_meta_bounded(s, e, n, state.max_reply())
+        }) {
+            Err(engine::Error::TooLarge { max }) => return Ok(too_large(max)),
+            other => other?,
+        };
+        let mut out = Vec::with_capacity(listed.len() * 2);
+        for (key, meta) in listed {
+            // Null for a key deleted between the listing and its digest
+            // (only entries older than value tags need a second look).
+            let digest = crate::vcmd::digest(state, &key, meta)?;
+            out.push(Reply::Bulk(key));
+            out.push(digest);
+        }
+        return Ok(Reply::Array(out));
     }
     let pairs = match read_visible(&args[1], &args[2], limit, |s, e, n| {
         state.db.scan_bounded(s, e, n, state.max_reply())

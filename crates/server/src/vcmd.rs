@@ -25,7 +25,7 @@
 //! no value when the engine's index kept the copy's tag.
 
 use bytes::Bytes;
-use engine::{BatchOp, Tagging};
+use engine::{BatchOp, Tagging, ValueMeta};
 use protocol::versioned::{
     cmp_stored, encode_tombstone, encode_value, is_tombstone_tag, version_of, version_of_tag,
     Versioned,
@@ -191,31 +191,33 @@ pub fn vmeta(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     let metas = state.db.multi_get_meta(&keys)?;
     let mut out = Vec::with_capacity(keys.len());
     for (key, meta) in keys.iter().zip(metas) {
-        let Some(meta) = meta else {
-            out.push(Reply::Null);
-            continue;
-        };
-        let len = meta.value_len as usize;
-        let (version, deleted) = match meta.tag {
-            Tagging::Tagged(tag) => (version_of_tag(&tag, len), is_tombstone_tag(&tag, len)),
-            Tagging::Untagged => (0, false),
-            // An entry older than tags: the version is in the value.
-            Tagging::Unknown => match state.db.get(key)? {
-                Some(v) => (version_of(&v), Versioned::decode(v).value.is_none()),
-                None => {
-                    out.push(Reply::Null);
-                    continue;
-                }
-            },
-        };
-        out.push(Reply::Array(vec![
-            Reply::Bulk(Bytes::from(version.to_string())),
-            Reply::Integer(i64::from(meta.value_crc)),
-            Reply::Integer(i64::from(meta.value_len)),
-            Reply::Integer(i64::from(deleted)),
-        ]));
+        out.push(match meta {
+            Some(meta) => digest(state, key, meta)?,
+            None => Reply::Null,
+        });
     }
     Ok(Reply::Array(out))
+}
+
+/// A key's digest as VMETA and `RANGE ... DIGESTS` send it: `[version,
+/// crc32c, length, deleted]`, or Null when the key vanished meanwhile.
+pub fn digest(state: &NodeState, key: &[u8], meta: ValueMeta) -> engine::Result<Reply> {
+    let len = meta.value_len as usize;
+    let (version, deleted) = match meta.tag {
+        Tagging::Tagged(tag) => (version_of_tag(&tag, len), is_tombstone_tag(&tag, len)),
+        Tagging::Untagged => (0, false),
+        // An entry older than tags: the version is in the value.
+        Tagging::Unknown => match state.db.get(key)? {
+            Some(v) => (version_of(&v), Versioned::decode(v).value.is_none()),
+            None => return Ok(Reply::Null),
+        },
+    };
+    Ok(Reply::Array(vec![
+        Reply::Bulk(Bytes::from(version.to_string())),
+        Reply::Integer(i64::from(meta.value_crc)),
+        Reply::Integer(i64::from(meta.value_len)),
+        Reply::Integer(i64::from(deleted)),
+    ]))
 }
 
 fn parse_version(b: &[u8]) -> Option<u64> {

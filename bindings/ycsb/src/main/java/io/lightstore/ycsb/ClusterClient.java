@@ -360,11 +360,23 @@ public final class ClusterClient implements AutoCloseable {
     return out;
   }
 
-  /** One node's pages of a range. */
+  /** A node's digest of its copy of a key (VMETA, RANGE ... DIGESTS). */
+  record Digest(long version, long crc, boolean deleted) {
+    /** Parses {@code [version, crc32c, length, deleted]}; null for Null (no copy). */
+    static Digest parse(Object reply) {
+      if (!(reply instanceof List<?> f)) {
+        return null;
+      }
+      long version = Long.parseUnsignedLong(new String((byte[]) f.get(0), StandardCharsets.US_ASCII));
+      return new Digest(version, (Long) f.get(1), (Long) f.get(3) != 0);
+    }
+  }
+
+  /** One node's pages of a range: keys with their digests. */
   private static final class Cursor {
     final int node;
     byte[] next;
-    final ArrayDeque<byte[][]> buf = new ArrayDeque<>();
+    final ArrayDeque<Object[]> buf = new ArrayDeque<>();
     boolean done;
 
     Cursor(int node, byte[] start) {
@@ -373,12 +385,61 @@ public final class ClusterClient implements AutoCloseable {
     }
   }
 
+  /** A listed key: the nodes that listed it, with their digests (null: vanished). */
+  private static final class Listed {
+    final byte[] key;
+    final List<Integer> nodes = new ArrayList<>(2);
+    final List<Digest> digests = new ArrayList<>(2);
+
+    Listed(byte[] key) {
+      this.key = key;
+    }
+
+    long newestVersion() {
+      long v = 0;
+      for (Digest d : digests) {
+        if (d != null && Long.compareUnsigned(d.version(), v) > 0) {
+          v = d.version();
+        }
+      }
+      return v;
+    }
+
+    /** The newest copy listed is a tombstone, or no node still holds the key. */
+    boolean isDeleted() {
+      long v = newestVersion();
+      for (Digest d : digests) {
+        if (d != null && d.version() == v && !d.deleted()) {
+          return false;
+        }
+      }
+      return true;
+    }
+
+    /** One node per distinct copy at the newest version, in listing order. */
+    List<Integer> sources() {
+      long v = newestVersion();
+      List<Long> crcs = new ArrayList<>(2);
+      List<Integer> out = new ArrayList<>(2);
+      for (int i = 0; i < digests.size(); i++) {
+        Digest d = digests.get(i);
+        if (d != null && d.version() == v && !crcs.contains(d.crc())) {
+          crcs.add(d.crc());
+          out.add(nodes.get(i));
+        }
+      }
+      return out;
+    }
+  }
+
   /**
    * Up to {@code limit} pairs with start <= key < end (empty end: unbounded), in
-   * key order over the whole cluster, as the Rust client does it: keys are
-   * listed on every node ({@code RANGE ... KEYSONLY}, no value read), merged,
-   * then each value is read once from its key's first healthy replica (from the
-   * nodes that listed it when that replica lacks it); deletions are dropped.
+   * key order over the whole cluster, as the Rust client's range.rs does it:
+   * digests are listed on every node that is up ({@code RANGE ... DIGESTS}: the
+   * version and checksum of each copy, no value read) and merged; each live
+   * key's newest copy is then read once, from a node that holds it, and the
+   * replicas the listing showed older or lacking the key are given it (read
+   * repair); deletions are dropped.
    */
   public List<byte[][]> range(byte[] start, byte[] end, int limit) throws ClusterException {
     List<Cursor> cursors = new ArrayList<>();
@@ -391,50 +452,139 @@ public final class ClusterClient implements AutoCloseable {
     int page = Math.max(1, Math.min(MAX_PAGE, limit * replicas / Math.max(1, cursors.size()) + limit / 4 + 8));
     byte[] pageText = Integer.toString(page).getBytes(StandardCharsets.US_ASCII);
     List<byte[][]> out = new ArrayList<>();
-    while (out.size() < limit) {
+    boolean exhausted = false;
+    while (out.size() < limit && !exhausted) {
       int want = limit - out.size();
-      List<byte[]> keys = new ArrayList<>();
-      List<List<Integer>> holders = new ArrayList<>();
-      while (keys.size() < want) {
+      List<Listed> live = new ArrayList<>();
+      java.util.Map<Integer, List<byte[][]>> repairs = new java.util.TreeMap<>();
+      while (live.size() < want) {
         refill(cursors, end, page, pageText, down);
         byte[] min = null;
         for (Cursor cur : cursors) {
-          if (!cur.buf.isEmpty() && (min == null || Arrays.compareUnsigned(cur.buf.peekFirst()[0], min) < 0)) {
-            min = cur.buf.peekFirst()[0];
+          if (!cur.buf.isEmpty()) {
+            byte[] k = (byte[]) cur.buf.peekFirst()[0];
+            if (min == null || Arrays.compareUnsigned(k, min) < 0) {
+              min = k;
+            }
           }
         }
         if (min == null) {
+          exhausted = true;
           break;
         }
-        List<Integer> has = new ArrayList<>();
+        Listed k = new Listed(min);
         for (Cursor cur : cursors) {
-          if (!cur.buf.isEmpty() && Arrays.equals(cur.buf.peekFirst()[0], min)) {
-            cur.buf.pollFirst();
-            has.add(cur.node);
+          if (!cur.buf.isEmpty() && Arrays.equals((byte[]) cur.buf.peekFirst()[0], min)) {
+            k.nodes.add(cur.node);
+            k.digests.add((Digest) cur.buf.pollFirst()[1]);
           }
         }
-        keys.add(min);
-        holders.add(has);
-      }
-      if (keys.isEmpty()) {
-        break;
-      }
-      List<byte[]> stored = readStored(keys);
-      for (int i = 0; i < keys.size(); i++) {
-        byte[] s = stored.get(i) != null ? stored.get(i) : newestFrom(keys.get(i), holders.get(i));
-        byte[] value = s == null ? null : Versioned.decode(s).value;
-        if (value != null) {
-          out.add(new byte[][] {keys.get(i), value});
+        if (k.isDeleted()) {
+          long v = k.newestVersion();
+          if (v != 0) {
+            noteBehind(k, Versioned.encodeTombstone(v), cursors, repairs);
+          }
+        } else {
+          live.add(k);
         }
       }
-      if (keys.size() < want) {
-        break;
+      List<byte[]> copies = readNewest(live);
+      for (int i = 0; i < live.size(); i++) {
+        byte[] best = copies.get(i);
+        if (best == null) {
+          continue;
+        }
+        noteBehind(live.get(i), best, cursors, repairs);
+        byte[] value = Versioned.decode(best).value;
+        if (value != null) {
+          out.add(new byte[][] {live.get(i).key, value});
+        }
+      }
+      if (!repairs.isEmpty()) {
+        readRepair(repairs);
       }
     }
     return out;
   }
 
-  /** Fetches the next page of every cursor that ran dry, nodes in parallel. */
+  /**
+   * The newest copy of each listed key: one MGET per source node, pipelined to
+   * all nodes at once. A key whose sources failed is read from the other nodes
+   * that listed it; fails if none has a copy as new as the listing showed.
+   */
+  private List<byte[]> readNewest(List<Listed> live) throws ClusterException {
+    List<byte[]> keys = new ArrayList<>(live.size());
+    java.util.Map<Integer, Ask> asks = new java.util.TreeMap<>();
+    for (int i = 0; i < live.size(); i++) {
+      keys.add(live.get(i).key);
+      for (int node : live.get(i).sources()) {
+        asks.computeIfAbsent(node, x -> new Ask()).copies.add(i);
+      }
+    }
+    List<byte[]> best = new ArrayList<>(java.util.Collections.nCopies(live.size(), (byte[]) null));
+    boolean[] failed = new boolean[live.size()];
+    for (java.util.Map.Entry<Integer, Object> r : askAll(keys, asks).entrySet()) {
+      if (r.getValue() instanceof List<?> got) {
+        for (Object o : got) {
+          Answer a = (Answer) o;
+          byte[] b = best.get(a.node());
+          if (a.copy() != null && (b == null || Versioned.compareStored(a.copy(), b) > 0)) {
+            best.set(a.node(), a.copy());
+          }
+        }
+      } else if (r.getValue() instanceof NodeDown) {
+        for (int i : asks.get(r.getKey()).copies) {
+          failed[i] = true;
+        }
+      } else {
+        throw new ClusterException("node " + nodes.get(r.getKey()) + ": " + r.getValue());
+      }
+    }
+    for (int i = 0; i < live.size(); i++) {
+      Listed k = live.get(i);
+      if (failed[i] || isStale(best.get(i), k.newestVersion())) {
+        best.set(i, newestFrom(k.key, k.nodes));
+        if (isStale(best.get(i), k.newestVersion())) {
+          throw new ClusterException("no replica of a key that listed its newest copy could send it");
+        }
+      }
+    }
+    return best;
+  }
+
+  private static boolean isStale(byte[] copy, long listedVersion) {
+    return copy == null || Long.compareUnsigned(Versioned.decode(copy).version, listedVersion) < 0;
+  }
+
+  /**
+   * Adds to {@code repairs} every replica of the key still in the merge whose
+   * listing showed it older than {@code best}, or without the key while
+   * {@code best} is a value.
+   */
+  private void noteBehind(Listed k, byte[] best, List<Cursor> merged,
+      java.util.Map<Integer, List<byte[][]>> repairs) {
+    long version = Versioned.decode(best).version;
+    long crc = crc32c(best);
+    boolean isValue = Versioned.decode(best).value != null;
+    for (int r : replicasOf(k.key)) {
+      if (merged.stream().noneMatch(c -> c.node == r)) {
+        continue;
+      }
+      int at = k.nodes.indexOf(r);
+      Digest d = at < 0 ? null : k.digests.get(at);
+      boolean behind = d == null ? isValue
+          : Long.compareUnsigned(d.version(), version) < 0 || (d.version() == version && d.crc() != crc);
+      if (behind) {
+        repairs.computeIfAbsent(r, x -> new ArrayList<>()).add(new byte[][] {k.key, best});
+      }
+    }
+  }
+
+  /**
+   * Fetches the next page of every cursor that ran dry: each node's RANGE is
+   * sent before any reply is read, so the nodes work in parallel without a
+   * thread per node.
+   */
   private void refill(List<Cursor> cursors, byte[] end, int page, byte[] pageText, int[] down)
       throws ClusterException {
     List<Cursor> dry = new ArrayList<>();
@@ -443,10 +593,39 @@ public final class ClusterClient implements AutoCloseable {
         dry.add(cur);
       }
     }
-    List<Object> results = parallel(dry, cur -> fetchPage(cur, end, pageText));
+    if (dry.isEmpty()) {
+      return;
+    }
+    Object[] results = new Object[dry.size()];
+    byte[] limit = "LIMIT".getBytes(StandardCharsets.US_ASCII);
+    byte[] digests = "DIGESTS".getBytes(StandardCharsets.US_ASCII);
     for (int i = 0; i < dry.size(); i++) {
       Cursor cur = dry.get(i);
-      Object r = results.get(i);
+      try {
+        conn(cur.node);
+        raw[cur.node].send(Cmd.RANGE, cur.next, end, limit, pageText, digests);
+      } catch (JedisConnectionException e) {
+        results[i] = down(cur.node, e);
+      }
+    }
+    for (int i = 0; i < dry.size(); i++) {
+      if (results[i] != null) {
+        continue;
+      }
+      int node = dry.get(i).node;
+      try {
+        results[i] = raw[node].getOne();
+        downUntil[node] = 0;
+      } catch (JedisConnectionException e) {
+        results[i] = down(node, e);
+      } catch (RuntimeException e) {
+        closeConn(node);
+        results[i] = e;
+      }
+    }
+    for (int i = 0; i < dry.size(); i++) {
+      Cursor cur = dry.get(i);
+      Object r = results[i];
       if (r instanceof NodeDown) {
         cursors.remove(cur);
         down[0]++;
@@ -454,12 +633,16 @@ public final class ClusterClient implements AutoCloseable {
         throw new ClusterException("node " + nodes.get(cur.node) + ": " + t.getMessage());
       } else {
         List<?> items = (List<?>) r;
-        for (Object k : items) {
-          cur.buf.add(new byte[][] {(byte[]) k});
+        try {
+          for (int j = 0; j + 1 < items.size(); j += 2) {
+            cur.buf.add(new Object[] {(byte[]) items.get(j), Digest.parse(items.get(j + 1))});
+          }
+        } catch (RuntimeException e) {
+          throw new ClusterException("node " + nodes.get(cur.node) + ": unexpected RANGE reply: " + e);
         }
-        cur.done = items.size() < page;
+        cur.done = items.size() / 2 < page;
         if (!cur.buf.isEmpty()) {
-          byte[] lastKey = cur.buf.peekLast()[0];
+          byte[] lastKey = (byte[]) cur.buf.peekLast()[0];
           cur.next = Arrays.copyOf(lastKey, lastKey.length + 1);
         }
       }
@@ -790,17 +973,6 @@ public final class ClusterClient implements AutoCloseable {
       }
     }
     return best;
-  }
-
-  /** One RANGE page of a cursor: the reply list, or the exception it raised. */
-  private Object fetchPage(Cursor cur, byte[] end, byte[] pageText) {
-    try {
-      return call(cur.node, Cmd.RANGE, cur.next, end,
-          "LIMIT".getBytes(StandardCharsets.US_ASCII), pageText,
-          "KEYSONLY".getBytes(StandardCharsets.US_ASCII));
-    } catch (NodeDown | RuntimeException e) {
-      return e;
-    }
   }
 
   @Override

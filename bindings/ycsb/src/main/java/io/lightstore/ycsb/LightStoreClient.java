@@ -1,8 +1,10 @@
 package io.lightstore.ycsb;
 
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -19,14 +21,15 @@ import site.ycsb.Status;
 /**
  * The YCSB binding for a LightStore cluster.
  *
- * <p>Each field of a record is its own key, {@code "{" + record + "}" + 0x00 +
- * field}: the hash tag places every field of a record on the record's
- * replicas, so a record is written with one VSET and read with one MGET per
- * replica, and the fields of a record are contiguous in key order, so a scan
- * over records is one ordered range read merged across the cluster. Records
- * sort by their key bytes when record keys have equal length (YCSB's with
- * {@code zeropadding}, as in the workload files here). Records of a table
- * other than {@code usertable} are kept apart by a {@code table/} prefix.
+ * <p>A record is one key, {@code table + "/" + record}, whose value holds all its
+ * fields ({@link #encodeRecord}), as YCSB's RocksDB binding keeps them: a read is
+ * one GET per replica, an insert one VSET, and a scan over records one ordered
+ * range read merged across the cluster that reads one value per record. Records
+ * sort by their key bytes, which is YCSB's order when record keys have equal
+ * length (with {@code zeropadding}, as in the workload files here). An update
+ * of some fields reads the record and writes it back whole: two clients
+ * updating different fields of one record at the same moment may lose one
+ * update (the newer write wins), as with YCSB's other key-value bindings.
  *
  * <p>Properties: {@code lightstore.nodes} (host:port,... required; the same
  * list, in the same form, as the Rust clients use), {@code lightstore.replicas}
@@ -34,12 +37,10 @@ import site.ycsb.Status;
  * every replica that is up), {@code lightstore.readquorum} (default: every
  * replica that is up, newest copy wins; 1 reads one replica, faster but
  * possibly stale), {@code lightstore.timeoutms} (2000),
- * {@code lightstore.password}; YCSB's {@code fieldcount} and
- * {@code fieldnameprefix} name the fields read by a read of all fields.
+ * {@code lightstore.password}.
  */
 public class LightStoreClient extends DB {
   private ClusterClient cluster;
-  private List<String> allFields;
 
   @Override
   public void init() throws DBException {
@@ -64,12 +65,6 @@ public class LightStoreClient extends DB {
     } catch (IllegalArgumentException e) {
       throw new DBException("bad lightstore property: " + e.getMessage());
     }
-    int fieldCount = Integer.parseInt(p.getProperty("fieldcount", "10"));
-    String prefix = p.getProperty("fieldnameprefix", "field");
-    allFields = new ArrayList<>(fieldCount);
-    for (int i = 0; i < fieldCount; i++) {
-      allFields.add(prefix + i);
-    }
   }
 
   /**
@@ -93,34 +88,85 @@ public class LightStoreClient extends DB {
     }
   }
 
-  /** The record part of a field key: the record key, table-qualified. */
-  static String recordId(String table, String key) {
-    return "usertable".equals(table) ? key : table + "/" + key;
+  /** The key of a record: its table, '/', its YCSB key. */
+  static byte[] recordKey(String table, String key) {
+    return (table + "/" + key).getBytes(StandardCharsets.UTF_8);
   }
 
-  /** The key of one field of a record. */
-  static byte[] fieldKey(String table, String key, String field) {
-    return ("{" + recordId(table, key) + "}\u0000" + field).getBytes(StandardCharsets.UTF_8);
+  /**
+   * A record's value: for each field, its name's length (2 bytes, big-endian),
+   * its name (UTF-8), its value's length (4 bytes, big-endian), its value.
+   */
+  static byte[] encodeRecord(Map<String, byte[]> fields) {
+    int size = 0;
+    List<byte[]> names = new ArrayList<>(fields.size());
+    for (Map.Entry<String, byte[]> f : fields.entrySet()) {
+      byte[] name = f.getKey().getBytes(StandardCharsets.UTF_8);
+      if (name.length > 0xffff) {
+        throw new IllegalArgumentException("field name longer than 65535 bytes");
+      }
+      names.add(name);
+      size += 2 + name.length + 4 + f.getValue().length;
+    }
+    ByteBuffer out = ByteBuffer.allocate(size);
+    int i = 0;
+    for (byte[] value : fields.values()) {
+      byte[] name = names.get(i++);
+      out.putShort((short) name.length).put(name).putInt(value.length).put(value);
+    }
+    return out.array();
+  }
+
+  /**
+   * The fields of a record's value ({@link #encodeRecord}) that {@code wanted}
+   * names (null: all), in stored order. Fails on bytes that are not a record.
+   */
+  static LinkedHashMap<String, byte[]> decodeRecord(byte[] value, Set<String> wanted) {
+    LinkedHashMap<String, byte[]> out = new LinkedHashMap<>();
+    ByteBuffer in = ByteBuffer.wrap(value);
+    while (in.hasRemaining()) {
+      if (in.remaining() < 2) {
+        throw new IllegalArgumentException("record: truncated field name length");
+      }
+      int nameLen = Short.toUnsignedInt(in.getShort());
+      if (in.remaining() < nameLen + 4) {
+        throw new IllegalArgumentException("record: truncated field name");
+      }
+      String name = new String(value, in.position(), nameLen, StandardCharsets.UTF_8);
+      in.position(in.position() + nameLen);
+      int len = in.getInt();
+      if (len < 0 || in.remaining() < len) {
+        throw new IllegalArgumentException("record: field " + name + " runs past the value");
+      }
+      if (wanted == null || wanted.contains(name)) {
+        out.put(name, Arrays.copyOfRange(value, in.position(), in.position() + len));
+      }
+      in.position(in.position() + len);
+    }
+    return out;
+  }
+
+  private static HashMap<String, ByteIterator> row(byte[] value, Set<String> fields) {
+    HashMap<String, ByteIterator> row = new HashMap<>();
+    decodeRecord(value, fields).forEach((k, v) -> row.put(k, new ByteArrayByteIterator(v)));
+    return row;
+  }
+
+  /** The stored record, or null when it does not exist. */
+  private byte[] get(String table, String key) throws ClusterClient.ClusterException {
+    return cluster.mget(List.of(recordKey(table, key))).get(0);
   }
 
   @Override
   public Status read(String table, String key, Set<String> fields, Map<String, ByteIterator> result) {
-    List<String> names = fields == null ? allFields : new ArrayList<>(fields);
-    List<byte[]> keys = new ArrayList<>(names.size());
-    for (String f : names) {
-      keys.add(fieldKey(table, key, f));
-    }
     try {
-      List<byte[]> values = cluster.mget(keys);
-      boolean any = false;
-      for (int i = 0; i < names.size(); i++) {
-        if (values.get(i) != null) {
-          result.put(names.get(i), new ByteArrayByteIterator(values.get(i)));
-          any = true;
-        }
+      byte[] value = get(table, key);
+      if (value == null) {
+        return Status.NOT_FOUND;
       }
-      return any ? Status.OK : Status.NOT_FOUND;
-    } catch (ClusterClient.ClusterException e) {
+      result.putAll(row(value, fields));
+      return Status.OK;
+    } catch (ClusterClient.ClusterException | IllegalArgumentException e) {
       return Status.ERROR;
     }
   }
@@ -128,77 +174,55 @@ public class LightStoreClient extends DB {
   @Override
   public Status scan(String table, String startkey, int recordcount, Set<String> fields,
       Vector<HashMap<String, ByteIterator>> result) {
-    byte[] start = ("{" + recordId(table, startkey) + "}").getBytes(StandardCharsets.UTF_8);
-    int page = Math.max(1, recordcount) * Math.max(1, allFields.size());
-    LinkedHashMap<String, HashMap<String, ByteIterator>> records = new LinkedHashMap<>();
+    // The table's records: from its key for startkey to just before table + '0'
+    // ('/' + 1), the first key past every table + '/' + ...
+    byte[] start = recordKey(table, startkey);
+    byte[] end = (table + "0").getBytes(StandardCharsets.UTF_8);
     try {
-      while (true) {
-        List<byte[][]> pairs = cluster.range(start, new byte[0], page);
-        for (byte[][] kv : pairs) {
-          String k = new String(kv[0], StandardCharsets.UTF_8);
-          int sep = k.indexOf("}\u0000");
-          if (!k.startsWith("{") || sep < 0) {
-            continue;
-          }
-          String record = k.substring(1, sep);
-          String field = k.substring(sep + 2);
-          if (!records.containsKey(record) && records.size() == recordcount) {
-            result.addAll(records.values());
-            return Status.OK;
-          }
-          HashMap<String, ByteIterator> row = records.computeIfAbsent(record, r -> new HashMap<>());
-          if (fields == null || fields.contains(field)) {
-            row.put(field, new ByteArrayByteIterator(kv[1]));
-          }
-        }
-        if (pairs.size() < page) {
-          break;
-        }
-        byte[] last = pairs.get(pairs.size() - 1)[0];
-        start = Arrays.copyOf(last, last.length + 1);
+      for (byte[][] kv : cluster.range(start, end, Math.max(0, recordcount))) {
+        result.add(row(kv[1], fields));
       }
-      result.addAll(records.values());
       return Status.OK;
-    } catch (ClusterClient.ClusterException e) {
+    } catch (ClusterClient.ClusterException | IllegalArgumentException e) {
       return Status.ERROR;
     }
   }
 
   @Override
   public Status update(String table, String key, Map<String, ByteIterator> values) {
-    return write(table, key, values);
+    try {
+      byte[] current = get(table, key);
+      if (current == null) {
+        return Status.NOT_FOUND;
+      }
+      LinkedHashMap<String, byte[]> fields = decodeRecord(current, null);
+      values.forEach((k, v) -> fields.put(k, v.toArray()));
+      return write(table, key, fields);
+    } catch (ClusterClient.ClusterException | IllegalArgumentException e) {
+      return Status.ERROR;
+    }
   }
 
   @Override
   public Status insert(String table, String key, Map<String, ByteIterator> values) {
-    return write(table, key, values);
+    LinkedHashMap<String, byte[]> fields = new LinkedHashMap<>();
+    values.forEach((k, v) -> fields.put(k, v.toArray()));
+    return write(table, key, fields);
   }
 
-  private Status write(String table, String key, Map<String, ByteIterator> values) {
-    List<byte[]> keys = new ArrayList<>(values.size());
-    List<byte[]> vals = new ArrayList<>(values.size());
-    for (Map.Entry<String, ByteIterator> e : values.entrySet()) {
-      keys.add(fieldKey(table, key, e.getKey()));
-      vals.add(e.getValue().toArray());
-    }
+  private Status write(String table, String key, Map<String, byte[]> fields) {
     try {
-      cluster.write(keys, vals);
+      cluster.write(List.of(recordKey(table, key)), List.of(encodeRecord(fields)));
       return Status.OK;
-    } catch (ClusterClient.ClusterException e) {
+    } catch (ClusterClient.ClusterException | IllegalArgumentException e) {
       return Status.ERROR;
     }
   }
 
   @Override
   public Status delete(String table, String key) {
-    List<byte[]> keys = new ArrayList<>(allFields.size());
-    List<byte[]> vals = new ArrayList<>(allFields.size());
-    for (String f : allFields) {
-      keys.add(fieldKey(table, key, f));
-      vals.add(null);
-    }
     try {
-      cluster.write(keys, vals);
+      cluster.write(List.of(recordKey(table, key)), Collections.singletonList(null));
       return Status.OK;
     } catch (ClusterClient.ClusterException e) {
       return Status.ERROR;

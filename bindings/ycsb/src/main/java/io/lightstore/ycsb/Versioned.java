@@ -76,6 +76,11 @@ public final class Versioned {
     return c != 0 ? c : Arrays.compareUnsigned(a, b);
   }
 
+  /** Encodes a deletion's tombstone at a version. */
+  public static byte[] encodeTombstone(long version) {
+    return ByteBuffer.allocate(HEADER_LEN).put(MAGIC).put((byte) 2).putLong(version).array();
+  }
+
   /** Encodes a value at a version. */
   public static byte[] encodeValue(long version, byte[] value) {
     return ByteBuffer.allocate(HEADER_LEN + value.length)

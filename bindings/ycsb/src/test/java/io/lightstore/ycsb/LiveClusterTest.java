@@ -120,4 +120,39 @@ class LiveClusterTest {
       assertArrayEquals(newer, oneReplica.mget(List.of(key)).get(0));
     }
   }
+
+  /**
+   * The same rule for range reads (crates/client/src/range.rs): the listing's
+   * digests show the primary behind, the range returns the newest copy and
+   * repairs the primary; a deletion one replica missed stays deleted.
+   */
+  @Test
+  void aRangeReadsTheNewestCopyAndRepairs() throws Exception {
+    String nodes = System.getProperty("lightstore.nodes");
+    assumeTrue(nodes != null && !nodes.isBlank(), "no -Dlightstore.nodes");
+    List<String> list = List.of(nodes.split(","));
+    assumeTrue(list.size() >= 2, "needs two replicas");
+    String prefix = "rangestale" + System.nanoTime() + "/";
+    byte[] newer = (prefix + "a").getBytes(StandardCharsets.UTF_8);
+    byte[] gone = (prefix + "b").getBytes(StandardCharsets.UTF_8);
+    byte[] old = "old".getBytes(StandardCharsets.UTF_8);
+    try (ClusterClient c = new ClusterClient(list, 2, 0, 0, 2000, null)) {
+      c.write(List.of(newer), List.of(old));
+      c.write(List.of(gone), List.of(old));
+      byte[] version = Long.toUnsignedString(ClusterClient.nextVersion())
+          .getBytes(StandardCharsets.US_ASCII);
+      c.callNode(c.replicasOf(newer)[1], "VSET", newer, version, "new".getBytes(StandardCharsets.UTF_8));
+      c.callNode(c.replicasOf(gone)[1], "VDEL", gone, version);
+      List<byte[][]> got = c.range(prefix.getBytes(StandardCharsets.UTF_8),
+          (prefix + "z").getBytes(StandardCharsets.UTF_8), 10);
+      assertEquals(1, got.size(), "the deleted key stays deleted");
+      assertArrayEquals(newer, got.get(0)[0]);
+      assertArrayEquals("new".getBytes(StandardCharsets.UTF_8), got.get(0)[1]);
+      assertEquals(2, c.readRepairs(), "both primaries repaired");
+      byte[] onPrimary = (byte[]) c.callNode(c.replicasOf(newer)[0], "GET", newer);
+      assertArrayEquals("new".getBytes(StandardCharsets.UTF_8), Versioned.decode(onPrimary).value);
+      byte[] tomb = (byte[]) c.callNode(c.replicasOf(gone)[0], "GET", gone);
+      assertEquals(null, Versioned.decode(tomb).value, "the primary holds the tombstone");
+    }
+  }
 }

@@ -68,19 +68,4 @@ class RingVectorsTest {
     Versioned plain = Versioned.decode("plain".getBytes(StandardCharsets.UTF_8));
     assertEquals(0, plain.version);
   }
-
-  @Test
-  void fieldsOfARecordShareItsReplicasAndSortTogether() {
-    ClusterClient c = new ClusterClient(List.of("127.0.0.1:7401", "127.0.0.1:7402",
-        "127.0.0.1:7403"), 0, 0, 0, 1000, null);
-    byte[] f0 = LightStoreClient.fieldKey("usertable", "user0000000000000000000000000042", "field0");
-    byte[] f9 = LightStoreClient.fieldKey("usertable", "user0000000000000000000000000042", "field9");
-    byte[] next = LightStoreClient.fieldKey("usertable", "user0000000000000000000000000043", "field0");
-    assertArrayEquals(c.replicasOf(f0), c.replicasOf(f9));
-    assertEquals(2, c.replicasOf(f0).length);
-    assertTrue(Arrays.compareUnsigned(f9, next) < 0);
-    assertEquals("{user0000000000000000000000000042}\u0000field0",
-        new String(f0, StandardCharsets.UTF_8));
-    c.close();
-  }
 }
