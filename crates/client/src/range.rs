@@ -367,9 +367,10 @@ impl Cluster {
     }
 
     /// The newest copy of each listed key: one `MGET` per source node,
-    /// nodes in parallel. A key whose sources failed is read from the other
-    /// nodes that listed it; fails if none of them has a copy as new as
-    /// the listing showed (answering an older one would be a stale read).
+    /// nodes in parallel. A key whose sources failed or no longer have it
+    /// is read from every node that listed it; fails if what comes back is
+    /// older than the listing showed, or nothing while a source failed
+    /// (either would be a stale answer).
     fn read_newest(&self, keys: &[ListedKey]) -> Result<Vec<Option<Bytes>>> {
         let mut asks: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (i, k) in keys.iter().enumerate() {
@@ -400,14 +401,16 @@ impl Cluster {
         let mut out = Vec::with_capacity(keys.len());
         for (i, k) in keys.iter().enumerate() {
             let mut best = newest(&copies[i]).cloned();
-            let stale = |b: &Option<Bytes>| {
-                b.as_ref()
-                    .is_none_or(|b| version_of(b) < k.newest_version())
-            };
-            if failed.contains(&i) || stale(&best) {
+            let listed = k.newest_version();
+            let older = |b: &Option<Bytes>| b.as_ref().is_some_and(|b| version_of(b) < listed);
+            let source_failed = failed.contains(&i);
+            if source_failed || best.is_none() || older(&best) {
                 let holders: Vec<usize> = k.digests.iter().map(|(n, _)| *n).collect();
                 best = self.newest_from(&k.key, &holders)?;
-                if stale(&best) {
+                // Gone from every node that answered is a deletion since
+                // the listing (a plain DEL); gone because its source
+                // failed, or older than listed, would be a stale answer.
+                if older(&best) || (best.is_none() && source_failed) {
                     return Err(ClientError::Unavailable(format!(
                         "no replica of key {:?} that listed its newest copy could send it",
                         String::from_utf8_lossy(&k.key)

@@ -509,8 +509,9 @@ public final class ClusterClient implements AutoCloseable {
 
   /**
    * The newest copy of each listed key: one MGET per source node, pipelined to
-   * all nodes at once. A key whose sources failed is read from the other nodes
-   * that listed it; fails if none has a copy as new as the listing showed.
+   * all nodes at once. A key whose sources failed or no longer have it is read
+   * from every node that listed it; fails if that gives a copy older than
+   * listed, or nothing while a source failed.
    */
   private List<byte[]> readNewest(List<Listed> live) throws ClusterException {
     List<byte[]> keys = new ArrayList<>(live.size());
@@ -542,9 +543,11 @@ public final class ClusterClient implements AutoCloseable {
     }
     for (int i = 0; i < live.size(); i++) {
       Listed k = live.get(i);
-      if (failed[i] || isStale(best.get(i), k.newestVersion())) {
+      if (failed[i] || best.get(i) == null || isOlder(best.get(i), k.newestVersion())) {
         best.set(i, newestFrom(k.key, k.nodes));
-        if (isStale(best.get(i), k.newestVersion())) {
+        // Gone from every node that answered is a deletion since the listing;
+        // gone because its source failed, or older than listed, would be stale.
+        if (isOlder(best.get(i), k.newestVersion()) || (best.get(i) == null && failed[i])) {
           throw new ClusterException("no replica of a key that listed its newest copy could send it");
         }
       }
@@ -552,8 +555,8 @@ public final class ClusterClient implements AutoCloseable {
     return best;
   }
 
-  private static boolean isStale(byte[] copy, long listedVersion) {
-    return copy == null || Long.compareUnsigned(Versioned.decode(copy).version, listedVersion) < 0;
+  private static boolean isOlder(byte[] copy, long listedVersion) {
+    return copy != null && Long.compareUnsigned(Versioned.decode(copy).version, listedVersion) < 0;
   }
 
   /**
