@@ -64,6 +64,11 @@ for tool in pjdfstest fsx; do
   [ -x "$TOOLS/bin/$tool" ] || cargo install "$tool" --locked --root "$TOOLS" -q
 done
 export PATH="$TOOLS/bin:$PATH"
+# pjdfstest switches to the users `nobody` and `tests` (each with its own
+# group); a fresh Debian machine has only the first.
+if ! id tests >/dev/null 2>&1; then
+  $SUDO useradd --system --user-group --no-create-home --shell /usr/sbin/nologin tests
+fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -487,3 +487,89 @@ impl Cluster {
         Ok(newest(&copies).cloned())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(version: u64, crc: u32, deleted: bool) -> Option<Digest> {
+        Some(Digest {
+            version,
+            crc,
+            deleted,
+        })
+    }
+
+    fn listed(digests: Vec<(usize, Option<Digest>)>) -> ListedKey {
+        ListedKey {
+            key: Bytes::from_static(b"k"),
+            digests,
+        }
+    }
+
+    #[test]
+    fn the_newest_copy_is_read_once_per_distinct_checksum() {
+        // Two replicas agree at the newest version: one read, from the first.
+        let k = listed(vec![
+            (2, d(7, 1, false)),
+            (0, d(7, 1, false)),
+            (1, d(5, 9, false)),
+        ]);
+        assert_eq!(
+            (k.newest_version(), k.sources(), k.is_deleted()),
+            (7, vec![2], false)
+        );
+        // They differ at one version: both are read (their bytes order them).
+        let k = listed(vec![(0, d(7, 1, false)), (1, d(7, 2, false))]);
+        assert_eq!(k.sources(), vec![0, 1]);
+        // A vanished copy is neither newest nor a source.
+        let k = listed(vec![(0, None), (1, d(3, 1, false))]);
+        assert_eq!((k.newest_version(), k.sources()), (3, vec![1]));
+    }
+
+    #[test]
+    fn a_key_whose_newest_copy_is_a_tombstone_needs_no_read() {
+        assert!(listed(vec![(0, d(9, 1, true)), (1, d(8, 2, false))]).is_deleted());
+        assert!(!listed(vec![(0, d(8, 1, true)), (1, d(9, 2, false))]).is_deleted());
+        // A tombstone and a value at one version: the value is read, and
+        // the stored bytes decide.
+        assert!(!listed(vec![(0, d(9, 1, true)), (1, d(9, 2, false))]).is_deleted());
+        assert!(listed(vec![(0, None)]).is_deleted(), "gone from every node");
+    }
+
+    #[test]
+    fn listings_parse_by_kind_and_refuse_other_shapes() {
+        let bulk = |b: &'static [u8]| Reply::Bulk(Bytes::from_static(b));
+        let digest = Reply::Array(vec![
+            bulk(b"12"),
+            Reply::Integer(3),
+            Reply::Integer(4),
+            Reply::Integer(1),
+        ]);
+        let got = parse_listing(
+            Reply::Array(vec![bulk(b"a"), digest.clone(), bulk(b"b"), Reply::Null]),
+            Listing::Digests,
+        )
+        .expect("digests");
+        assert_eq!(
+            got,
+            vec![
+                (Bytes::from_static(b"a"), Listed::Digest(d(12, 3, true))),
+                (Bytes::from_static(b"b"), Listed::Digest(None)),
+            ]
+        );
+        let keys = parse_listing(Reply::Array(vec![bulk(b"a")]), Listing::Keys).expect("keys");
+        assert_eq!(keys, vec![(Bytes::from_static(b"a"), Listed::Key)]);
+        for (reply, listing) in [
+            (Reply::Array(vec![bulk(b"a")]), Listing::Digests),
+            (
+                Reply::Array(vec![bulk(b"a"), bulk(b"not a digest")]),
+                Listing::Digests,
+            ),
+            (Reply::Array(vec![bulk(b"a"), digest]), Listing::Values),
+            (Reply::Integer(1), Listing::Keys),
+        ] {
+            assert!(parse_listing(reply, listing).is_err());
+        }
+    }
+}

@@ -419,10 +419,13 @@ fn pjdfstest_passes() {
         .expect("pjdfstest");
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    let summary = text
-        .lines()
-        .find(|l| l.starts_with("Summary:"))
-        .unwrap_or("no summary");
+    let Some(summary) = text.lines().find(|l| l.starts_with("Summary:")) else {
+        panic!(
+            "pjdfstest gave no summary (it needs the users nobody and tests, which \
+             scripts/test.sh creates):\n{}",
+            text.lines().take(20).collect::<Vec<_>>().join("\n")
+        );
+    };
     eprintln!("pjdfstest: {summary}");
     let failed: Vec<&str> = text.lines().filter(|l| l.contains("FAILED")).collect();
     assert!(
