@@ -12,8 +12,11 @@ use crate::error::{ClientError, Result};
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Node addresses, `host:port`. A node's address is also its id on the
-    /// hash ring, so every client must list a node the same way.
+    /// Node addresses: `host:port`, or `unix:PATH` for a node on this
+    /// machine listening on a Unix socket (`lightstore node --unix PATH`),
+    /// which costs less CPU per request than TCP over loopback. A node's
+    /// address is also its id on the hash ring, so every client must list
+    /// a node the same way.
     pub nodes: Vec<String>,
     /// Copies of each key, on distinct nodes. Default: 2 when there are at
     /// least 2 nodes, else 1.
@@ -117,10 +120,16 @@ impl ClusterConfig {
             return bad("the cluster has no nodes".into());
         }
         for (i, n) in self.nodes.iter().enumerate() {
-            if n.rsplit_once(':')
-                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
-            {
-                return bad(format!("node {n:?} is not host:port"));
+            let tcp_ok = |n: &str| {
+                n.rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+            };
+            let ok = match crate::conn::unix_path(n) {
+                Some(path) => !path.as_os_str().is_empty(),
+                None => tcp_ok(n),
+            };
+            if !ok {
+                return bad(format!("node {n:?} is not host:port or unix:PATH"));
             }
             if self.nodes[..i].contains(n) {
                 return bad(format!("node {n} is listed twice"));
@@ -192,9 +201,11 @@ mod tests {
                 .replica_count(),
             1
         );
-        for bad in ["", "a", "a:x", ":1", "a:1,a:1"] {
+        for bad in ["", "a", "a:x", ":1", "a:1,a:1", "unix:", "unix:/s,unix:/s"] {
             assert!(ClusterConfig::from_list(bad).is_err(), "{bad}");
         }
+        let mixed = ClusterConfig::from_list("unix:/run/ls.sock,h:1").expect("unix and tcp");
+        assert_eq!(mixed.nodes, ["unix:/run/ls.sock", "h:1"]);
         let mut c = ClusterConfig::new(["a:1", "b:2"]);
         c.replicas = Some(3);
         assert!(c.validate().is_err());

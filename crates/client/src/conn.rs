@@ -1,7 +1,10 @@
-//! One blocking RESP connection to a node, with a timeout on every call.
+//! One blocking RESP connection to a node, with a timeout on every call,
+//! over TCP (`host:port`) or a Unix socket (`unix:PATH`).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -9,9 +12,50 @@ use protocol::{decode_reply, encode_request, Reply};
 
 use crate::error::{ClientError, Result};
 
+/// The Unix socket path of a `unix:PATH` node address.
+pub fn unix_path(node: &str) -> Option<&Path> {
+    node.strip_prefix("unix:").map(Path::new)
+}
+
+/// The socket under a connection.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(buf),
+            Stream::Unix(s) => s.write_all(buf),
+        }
+    }
+}
+
 /// A connection to one node. Any error leaves it unusable: the caller drops it.
 pub struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     node: String,
     timeout: Duration,
     rbuf: BytesMut,
@@ -22,35 +66,44 @@ pub struct Conn {
 const READ_CHUNK: usize = 256 * 1024;
 
 impl Conn {
-    /// Connects to `node` (`host:port`), waiting at most `timeout`, and
-    /// authenticates when `password` is set.
+    /// Connects to `node` (`host:port` or `unix:PATH`), waiting at most
+    /// `timeout`, and authenticates when `password` is set.
     pub fn open(node: &str, timeout: Duration, password: Option<&str>) -> Result<Conn> {
-        let io = |source| ClientError::Io {
+        let stream = Self::connect(node, timeout).map_err(|source| ClientError::Io {
             node: node.to_string(),
             source,
+        })?;
+        let mut conn = Conn {
+            stream,
+            node: node.to_string(),
+            timeout,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            scratch: vec![0; READ_CHUNK].into_boxed_slice(),
         };
-        let addrs: Vec<SocketAddr> = node.to_socket_addrs().map_err(io)?.collect();
+        if let Some(pw) = password {
+            conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;
+        }
+        Ok(conn)
+    }
+
+    fn connect(node: &str, timeout: Duration) -> std::io::Result<Stream> {
+        if let Some(path) = unix_path(node) {
+            // A local connect does not wait on the network: it succeeds or
+            // fails at once.
+            return UnixStream::connect(path).map(Stream::Unix);
+        }
+        let addrs: Vec<SocketAddr> = node.to_socket_addrs()?.collect();
         let mut last = std::io::Error::new(ErrorKind::NotFound, "address resolves to nothing");
         for addr in addrs {
             match TcpStream::connect_timeout(&addr, timeout) {
                 Ok(stream) => {
-                    stream.set_nodelay(true).map_err(io)?;
-                    let mut conn = Conn {
-                        stream,
-                        node: node.to_string(),
-                        timeout,
-                        rbuf: BytesMut::with_capacity(READ_CHUNK),
-                        scratch: vec![0; READ_CHUNK].into_boxed_slice(),
-                    };
-                    if let Some(pw) = password {
-                        conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;
-                    }
-                    return Ok(conn);
+                    stream.set_nodelay(true)?;
+                    return Ok(Stream::Tcp(stream));
                 }
                 Err(e) => last = e,
             }
         }
-        Err(io(last))
+        Err(last)
     }
 
     /// Sets the timeout of later calls.

@@ -124,6 +124,9 @@ impl Cluster {
         // Ask until each key has its wanted answers, one of them a copy, or
         // has run out of replicas.
         let mut pending: Vec<usize> = (0..keys.len()).collect();
+        // Why the last replica that failed did (for the error if too few
+        // answer).
+        let mut last_failure: Option<ClientError> = None;
         while !pending.is_empty() {
             let mut asks: BTreeMap<usize, NodeAsk> = BTreeMap::new();
             for &k in &pending {
@@ -160,6 +163,7 @@ impl Cluster {
                     Err(e) if e.is_node_failure() => {
                         pending.extend(ask.copies);
                         pending.extend(ask.digests);
+                        last_failure = Some(e);
                     }
                     Err(e) => return Err(e),
                 }
@@ -172,8 +176,12 @@ impl Cluster {
         let check = |reads: &[KeyRead]| {
             for (k, r) in reads.iter().enumerate() {
                 if r.answers.is_empty() || r.answers.len() < needed.min(r.order.len()) {
+                    let why = last_failure
+                        .as_ref()
+                        .map(|e| format!(" ({e})"))
+                        .unwrap_or_default();
                     return Err(ClientError::Unavailable(format!(
-                        "{} of the {} replicas of key {:?} answered; the read needs {needed}",
+                        "{} of the {} replicas of key {:?} answered; the read needs {needed}{why}",
                         r.answers.len(),
                         r.order.len(),
                         String::from_utf8_lossy(keys[k])

@@ -536,3 +536,32 @@ fn atomic_batches_land_whole_on_every_replica() {
         .expect_err("bad kind");
     assert!(err.to_string().contains("SET or DEL"), "{err}");
 }
+
+/// A node on this machine can be reached over its Unix socket
+/// (`unix:PATH` in the node list): reads, writes, ranges and a sync work
+/// as over TCP, and a missing socket is a clear connection error.
+#[test]
+fn nodes_are_reached_over_unix_sockets() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let sock = tmp.path().join("node.sock");
+    let sock_arg = sock.to_str().expect("utf-8 path");
+    let _node = Node::start_in(&tmp.path().join("n"), &["--unix", sock_arg])
+        .unwrap_or_else(|(code, log)| panic!("node failed ({code:?}):\n{log}"));
+    let addr = format!("unix:{sock_arg}");
+    let mut cfg = ClusterConfig::new([addr.clone()]);
+    cfg.replicas = Some(1);
+    let c = Cluster::connect(cfg).expect("client over a Unix socket");
+    c.set(b"u1", b"one").expect("set");
+    c.mset(&[(b"u2".to_vec(), b"two".to_vec())]).expect("mset");
+    assert_eq!(c.get(b"u1").expect("get").as_deref(), Some(&b"one"[..]));
+    let got = c.range(b"u", b"v", 10).expect("range");
+    assert_eq!(got.len(), 2);
+    c.sync().expect("sync");
+
+    let mut gone = ClusterConfig::new([format!("unix:{}", tmp.path().join("none.sock").display())]);
+    gone.replicas = Some(1);
+    let err = Cluster::connect(gone)
+        .and_then(|c| c.get(b"u1"))
+        .expect_err("no node behind the path");
+    assert!(err.to_string().contains("none.sock"), "{err}");
+}
