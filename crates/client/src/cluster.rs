@@ -133,36 +133,98 @@ impl Inner {
         i: usize,
         f: impl FnOnce(&mut Conn) -> Result<T>,
     ) -> Result<T> {
-        let node = &self.nodes[i];
-        let pooled = node.pool.lock().pop();
-        let mut conn = match pooled {
-            Some(c) => c,
-            None => match self.open(i) {
-                Ok(c) => c,
-                Err(e) => {
-                    self.mark_down(i, &e);
-                    return Err(e);
-                }
-            },
-        };
-        match f(&mut conn) {
-            Ok(v) => {
+        let mut conn = self.checkout(i)?;
+        let r = f(&mut conn);
+        self.checkin(i, conn, r.as_ref().err());
+        r
+    }
+
+    /// A pooled connection to node `i`, or a new one (a failure to connect
+    /// marks the node down).
+    fn checkout(&self, i: usize) -> Result<Conn> {
+        let pooled = self.nodes[i].pool.lock().pop();
+        match pooled {
+            Some(c) => Ok(c),
+            None => self.open(i).inspect_err(|e| self.mark_down(i, e)),
+        }
+    }
+
+    /// Returns `conn` to node `i`'s pool after a call that ended with
+    /// `failure` (`None`: success): a node failure drops it and marks the
+    /// node down.
+    fn checkin(&self, i: usize, conn: Conn, failure: Option<&ClientError>) {
+        match failure {
+            None => {
                 self.mark_up(i);
-                let mut pool = node.pool.lock();
+                let mut pool = self.nodes[i].pool.lock();
                 if pool.len() < MAX_IDLE {
                     pool.push(conn);
                 }
-                Ok(v)
             }
-            Err(e) if e.is_node_failure() => {
-                self.mark_down(i, &e);
-                Err(e)
-            }
-            Err(e) => {
-                node.pool.lock().push(conn);
-                Err(e)
-            }
+            Some(e) if e.is_node_failure() => self.mark_down(i, e),
+            Some(_) => self.nodes[i].pool.lock().push(conn),
         }
+    }
+
+    /// Sends every node its requests, all of them before any reply is
+    /// read, then reads each node's replies in turn: the nodes work in
+    /// parallel without a thread per node. Per node, in job order, its
+    /// replies (error replies as [`Reply::Error`]) or the failure that
+    /// ended its connection (which marks the node down).
+    pub(crate) fn pipeline_all<R: AsRef<[A]>, A: AsRef<[u8]>>(
+        &self,
+        jobs: &[(usize, Vec<R>)],
+    ) -> Vec<(usize, Result<Vec<Reply>>)> {
+        let sent: Vec<Result<Conn>> = jobs
+            .iter()
+            .map(|(node, reqs)| {
+                let mut conn = self.checkout(*node)?;
+                match conn.send(reqs) {
+                    Ok(()) => Ok(conn),
+                    Err(e) => {
+                        self.checkin(*node, conn, Some(&e));
+                        Err(e)
+                    }
+                }
+            })
+            .collect();
+        jobs.iter()
+            .zip(sent)
+            .map(|((node, reqs), conn)| {
+                let replies = conn.and_then(|mut c| {
+                    let r = c.receive(reqs.len());
+                    self.checkin(*node, c, r.as_ref().err());
+                    r
+                });
+                (*node, replies)
+            })
+            .collect()
+    }
+
+    /// [`Inner::pipeline_all`] where an error reply fails its node's
+    /// outcome ([`ClientError::Server`]).
+    pub(crate) fn pipeline_all_checked<R: AsRef<[A]>, A: AsRef<[u8]>>(
+        &self,
+        jobs: &[(usize, Vec<R>)],
+    ) -> Vec<(usize, Result<Vec<Reply>>)> {
+        self.pipeline_all(jobs)
+            .into_iter()
+            .map(|(node, r)| {
+                let checked = r.and_then(|replies| {
+                    replies
+                        .into_iter()
+                        .map(|reply| match reply {
+                            Reply::Error(message) => Err(ClientError::Server {
+                                node: self.nodes[node].addr.clone(),
+                                message,
+                            }),
+                            other => Ok(other),
+                        })
+                        .collect()
+                });
+                (node, checked)
+            })
+            .collect()
     }
 
     fn open(&self, i: usize) -> Result<Conn> {
@@ -268,6 +330,12 @@ impl Inner {
 /// Writes stored copies (`key`, versioned bytes) with VSET/VDEL at the
 /// versions they carry, in one round trip.
 pub(crate) fn send_stored(c: &mut Conn, copies: &[(Bytes, Bytes)]) -> Result<()> {
+    c.pipeline_checked(&stored_requests(copies))
+}
+
+/// The `VSET` and `VDEL` requests that write stored copies (`key`,
+/// versioned bytes) at the versions they carry.
+pub(crate) fn stored_requests(copies: &[(Bytes, Bytes)]) -> Vec<Vec<Bytes>> {
     let mut vset: Vec<Bytes> = vec![Bytes::from_static(b"VSET")];
     let mut vdel: Vec<Bytes> = vec![Bytes::from_static(b"VDEL")];
     for (key, stored) in copies {
@@ -278,6 +346,5 @@ pub(crate) fn send_stored(c: &mut Conn, copies: &[(Bytes, Bytes)]) -> Result<()>
             None => vdel.extend([key.clone(), version]),
         }
     }
-    let reqs: Vec<Vec<Bytes>> = [vset, vdel].into_iter().filter(|r| r.len() > 1).collect();
-    c.pipeline_checked(&reqs)
+    [vset, vdel].into_iter().filter(|r| r.len() > 1).collect()
 }

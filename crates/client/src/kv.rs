@@ -71,10 +71,14 @@ impl Cluster {
                 "no node is up to make writes durable".into(),
             ));
         }
-        let results = inner.fan_out(jobs, |node, ()| {
-            inner.with_conn(node, |c| c.call(&[&b"FSYNC"[..]]).map(drop))
-        });
-        results.into_iter().try_for_each(|(_, r)| r)
+        let reqs: Vec<(usize, Vec<[&[u8]; 1]>)> = jobs
+            .iter()
+            .map(|&(node, ())| (node, vec![[&b"FSYNC"[..]]]))
+            .collect();
+        inner
+            .pipeline_all_checked(&reqs)
+            .into_iter()
+            .try_for_each(|(_, r)| r.map(drop))
     }
 
     /// Reads `key` (see [`Cluster::mget`]).
@@ -169,46 +173,16 @@ impl Inner {
                 per_node.entry(t).or_default().push(e);
             }
         }
-        let jobs: Vec<(usize, Vec<usize>)> = per_node.into_iter().collect();
-        let groups: Vec<Vec<usize>> = jobs.iter().map(|(_, idx)| idx.clone()).collect();
-        let results = self.fan_out(jobs, |node, idx| {
-            if atomic {
-                let mut req: Vec<&[u8]> = vec![b"VBATCH"];
-                for &e in &idx {
-                    let (key, value) = entries[e];
-                    let (kind, v): (&[u8], &[u8]) = match value {
-                        Some(v) => (b"SET", v),
-                        None => (b"DEL", b""),
-                    };
-                    req.extend([key, version_text.as_bytes(), kind, v]);
-                }
-                return self.with_conn(node, |c| c.pipeline_checked(&[req]));
-            }
-            // VSETs of at most MAX_WRITE_REQUEST bytes each (at least one
-            // pair), pipelined: a node bounds one request (`max_request`)
-            // and the request memory all clients hold while it is read.
-            let mut reqs: Vec<Vec<&[u8]>> = Vec::new();
-            let mut vset: Vec<&[u8]> = vec![b"VSET"];
-            let mut vset_bytes = 0;
-            let mut vdel: Vec<&[u8]> = vec![b"VDEL"];
-            for &e in &idx {
-                let (key, value) = entries[e];
-                match value {
-                    Some(v) => {
-                        let n = key.len() + version_text.len() + v.len();
-                        if vset.len() > 1 && vset_bytes + n > MAX_WRITE_REQUEST {
-                            reqs.push(std::mem::replace(&mut vset, vec![b"VSET"]));
-                            vset_bytes = 0;
-                        }
-                        vset.extend([key, version_text.as_bytes(), v]);
-                        vset_bytes += n;
-                    }
-                    None => vdel.extend([key, version_text.as_bytes()]),
-                }
-            }
-            reqs.extend([vset, vdel].into_iter().filter(|r| r.len() > 1));
-            self.with_conn(node, |c| c.pipeline_checked(&reqs))
-        });
+        let groups: Vec<Vec<usize>> = per_node.values().cloned().collect();
+        let jobs: Vec<(usize, Vec<Vec<&[u8]>>)> = per_node
+            .iter()
+            .map(|(&node, idx)| (node, write_requests(&entries, idx, &version_text, atomic)))
+            .collect();
+        // Every replica's requests go out before any reply is read.
+        let results = self
+            .pipeline_all_checked(&jobs)
+            .into_iter()
+            .map(|(node, r)| (node, r.map(drop)));
         let mut state: Vec<KeyWrite> = (0..entries.len())
             .map(|_| KeyWrite {
                 acked_by: Vec::new(),
@@ -306,15 +280,57 @@ impl Inner {
                 (holder, reqs)
             })
             .collect();
-        let results = self.fan_out(jobs, |holder, reqs| {
-            self.with_conn(holder, |c| c.pipeline_checked(&reqs))
-        });
-        for (holder, r) in results {
+        for (holder, r) in self.pipeline_all_checked(&jobs) {
             if let Err(e) = r {
                 tracing::warn!(node = %self.nodes[holder].addr, error = %e, "could not record hints of missed writes");
             }
         }
     }
+}
+
+/// One node's requests for its entries `idx` of a write at `version`: one
+/// `VBATCH` when `atomic`, else `VSET`s of at most [`MAX_WRITE_REQUEST`]
+/// bytes each (at least one pair: a node bounds one request, and the
+/// request memory all clients hold while it is read) and one `VDEL`.
+fn write_requests<'a>(
+    entries: &[(&'a [u8], Option<&'a [u8]>)],
+    idx: &[usize],
+    version: &'a str,
+    atomic: bool,
+) -> Vec<Vec<&'a [u8]>> {
+    if atomic {
+        let mut req: Vec<&[u8]> = vec![b"VBATCH"];
+        for &e in idx {
+            let (key, value) = entries[e];
+            let (kind, v): (&[u8], &[u8]) = match value {
+                Some(v) => (b"SET", v),
+                None => (b"DEL", b""),
+            };
+            req.extend([key, version.as_bytes(), kind, v]);
+        }
+        return vec![req];
+    }
+    let mut reqs: Vec<Vec<&[u8]>> = Vec::new();
+    let mut vset: Vec<&[u8]> = vec![b"VSET"];
+    let mut vset_bytes = 0;
+    let mut vdel: Vec<&[u8]> = vec![b"VDEL"];
+    for &e in idx {
+        let (key, value) = entries[e];
+        match value {
+            Some(v) => {
+                let n = key.len() + version.len() + v.len();
+                if vset.len() > 1 && vset_bytes + n > MAX_WRITE_REQUEST {
+                    reqs.push(std::mem::replace(&mut vset, vec![b"VSET"]));
+                    vset_bytes = 0;
+                }
+                vset.extend([key, version.as_bytes(), v]);
+                vset_bytes += n;
+            }
+            None => vdel.extend([key, version.as_bytes()]),
+        }
+    }
+    reqs.extend([vset, vdel].into_iter().filter(|r| r.len() > 1));
+    reqs
 }
 
 /// A copy of an error for every key of a failed per-node batch.

@@ -146,15 +146,25 @@ impl<'a> Merger<'a> {
         let (end, page, listing) = (&self.end, self.page, self.listing);
         let mut shrink = false;
         let limit = page.to_string();
-        let results = self.inner.fan_out(jobs, |node, start| {
-            let mut args: Vec<&[u8]> = vec![b"RANGE", &start, end, b"LIMIT", limit.as_bytes()];
-            match listing {
-                Listing::Values => {}
-                Listing::Keys => args.push(b"KEYSONLY"),
-                Listing::Digests => args.push(b"DIGESTS"),
-            }
-            self.inner.with_conn(node, |c| c.call(&args))
-        });
+        let reqs: Vec<(usize, Vec<Vec<&[u8]>>)> = jobs
+            .iter()
+            .map(|(node, start)| {
+                let mut args: Vec<&[u8]> = vec![b"RANGE", start, end, b"LIMIT", limit.as_bytes()];
+                match listing {
+                    Listing::Values => {}
+                    Listing::Keys => args.push(b"KEYSONLY"),
+                    Listing::Digests => args.push(b"DIGESTS"),
+                }
+                (*node, vec![args])
+            })
+            .collect();
+        // Every node's page is asked for before any reply is read.
+        let results: Vec<(usize, Result<Reply>)> = self
+            .inner
+            .pipeline_all_checked(&reqs)
+            .into_iter()
+            .map(|(node, r)| (node, r.map(|mut v| v.pop().unwrap_or(Reply::Null))))
+            .collect();
         for (node, r) in results {
             let Some(pos) = self.cursors.iter().position(|c| c.node == node) else {
                 continue;
@@ -379,10 +389,37 @@ impl Cluster {
             }
         }
         let jobs: Vec<(usize, Vec<usize>)> = asks.into_iter().collect();
-        let results = self.inner.fan_out(jobs.clone(), |node, idx| {
-            let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i].key[..]).collect();
-            self.mget_node(node, &ks)
-        });
+        let reqs: Vec<(usize, Vec<Vec<&[u8]>>)> = jobs
+            .iter()
+            .map(|(node, idx)| {
+                let mut mget: Vec<&[u8]> = vec![b"MGET"];
+                mget.extend(idx.iter().map(|&i| &keys[i].key[..]));
+                (*node, vec![mget])
+            })
+            .collect();
+        // Every node's MGET goes out before any reply is read; one refused
+        // as too large is asked again in parts.
+        let results: Vec<(usize, Result<Vec<Option<Bytes>>>)> = self
+            .inner
+            .pipeline_all_checked(&reqs)
+            .into_iter()
+            .zip(&jobs)
+            .map(|((node, r), (_, idx))| {
+                let got = match r {
+                    Ok(mut replies) => {
+                        self.parse_copies(node, replies.pop().unwrap_or(Reply::Null), idx.len())
+                    }
+                    Err(ClientError::Server { message, .. })
+                        if message.starts_with("ERR reply too large") =>
+                    {
+                        let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i].key[..]).collect();
+                        self.mget_node(node, &ks)
+                    }
+                    Err(e) => Err(e),
+                };
+                (node, got)
+            })
+            .collect();
         let mut copies: Vec<Vec<(usize, Bytes)>> = vec![Vec::new(); keys.len()];
         let mut failed: Vec<usize> = Vec::new();
         for ((node, r), (_, idx)) in results.into_iter().zip(jobs) {

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use protocol::versioned::{cmp_stored, version_of, Versioned};
 use protocol::Reply;
 
-use crate::cluster::{send_stored, Cluster, Inner};
+use crate::cluster::{stored_requests, Cluster, Inner};
 use crate::error::{ClientError, Result};
 
 /// What one replica answered for a key.
@@ -217,83 +217,89 @@ impl Cluster {
         Ok(out)
     }
 
-    /// Sends every node its asks (one pipelined `MGET` + `VMETA`), nodes in
-    /// parallel; per node, its answers as `(key index, answer)`.
+    /// Sends every node its asks (`MGET` and/or `VMETA`, pipelined), all
+    /// before reading any reply, so the nodes work in parallel; per node,
+    /// its answers as `(key index, answer)`. A node that refuses its
+    /// `MGET` reply as too large is asked again in parts.
     fn ask_all(&self, keys: &[&[u8]], asks: BTreeMap<usize, NodeAsk>) -> NodeAnswers {
-        let jobs: Vec<(usize, NodeAsk)> = asks.into_iter().collect();
-        let shapes: Vec<NodeAsk> = jobs.iter().map(|(_, a)| a.clone()).collect();
-        let results = self.inner.fan_out(jobs, |node, ask| {
-            let copies: Vec<&[u8]> = ask.copies.iter().map(|&k| keys[k]).collect();
-            let digests: Vec<&[u8]> = ask.digests.iter().map(|&k| keys[k]).collect();
-            let (copies, digests) = self.ask_node(node, &copies, &digests)?;
-            Ok(ask
-                .copies
-                .iter()
-                .copied()
-                .zip(copies.into_iter().map(Answer::Copy))
-                .chain(
-                    ask.digests
-                        .iter()
-                        .copied()
-                        .zip(digests.into_iter().map(Answer::Digest)),
-                )
-                .collect())
-        });
-        results
-            .into_iter()
-            .zip(shapes)
-            .map(|((node, r), ask)| (node, ask, r))
+        let jobs: Vec<(usize, Vec<Vec<&[u8]>>)> = asks
+            .iter()
+            .map(|(&node, ask)| {
+                let mut reqs = Vec::with_capacity(2);
+                for (cmd, idx) in [(&b"MGET"[..], &ask.copies), (b"VMETA", &ask.digests)] {
+                    if !idx.is_empty() {
+                        let mut req: Vec<&[u8]> = Vec::with_capacity(idx.len() + 1);
+                        req.push(cmd);
+                        req.extend(idx.iter().map(|&k| keys[k]));
+                        reqs.push(req);
+                    }
+                }
+                (node, reqs)
+            })
+            .collect();
+        let replies = self.inner.pipeline_all(&jobs);
+        asks.into_iter()
+            .zip(replies)
+            .map(|((node, ask), (_, r))| {
+                let answers = r.and_then(|replies| self.answers(node, keys, &ask, replies));
+                (node, ask, answers)
+            })
             .collect()
     }
 
-    /// One node's copies of `copies` and digests of `digests`.
-    #[allow(clippy::type_complexity)]
-    fn ask_node(
+    /// A node's answers to `ask` from its `replies` (the `MGET`'s, if any,
+    /// then the `VMETA`'s), as `(key index, answer)`.
+    fn answers(
         &self,
         node: usize,
-        copies: &[&[u8]],
-        digests: &[&[u8]],
-    ) -> Result<(Vec<Option<Bytes>>, Vec<Option<Digest>>)> {
-        if digests.is_empty() {
-            return Ok((self.mget_node(node, copies)?, Vec::new()));
-        }
-        let mut vmeta: Vec<&[u8]> = Vec::with_capacity(digests.len() + 1);
-        vmeta.push(b"VMETA");
-        vmeta.extend_from_slice(digests);
-        if copies.is_empty() {
-            let reply = self.inner.with_conn(node, |c| c.call(&vmeta))?;
-            return Ok((Vec::new(), self.parse_digests(node, reply, digests.len())?));
-        }
-        let mut mget: Vec<&[u8]> = Vec::with_capacity(copies.len() + 1);
-        mget.push(b"MGET");
-        mget.extend_from_slice(copies);
-        let replies = self.inner.with_conn(node, |c| {
-            let replies = c.pipeline(&[mget.clone(), vmeta.clone()])?;
-            replies
-                .into_iter()
-                .map(|r| c.check(r))
-                .collect::<Result<Vec<_>>>()
-        });
-        match replies {
-            Ok(mut replies) if replies.len() == 2 => {
-                let digests =
-                    self.parse_digests(node, replies.pop().unwrap_or(Reply::Null), digests.len())?;
-                let copies =
-                    self.parse_copies(node, replies.pop().unwrap_or(Reply::Null), copies.len())?;
-                Ok((copies, digests))
+        keys: &[&[u8]],
+        ask: &NodeAsk,
+        replies: Vec<Reply>,
+    ) -> Result<Vec<(usize, Answer)>> {
+        let mut replies = replies.into_iter();
+        let copies = if ask.copies.is_empty() {
+            Vec::new()
+        } else {
+            match replies.next().unwrap_or(Reply::Null) {
+                // Too large for one reply: the copies alone, in parts.
+                Reply::Error(m) if m.starts_with("ERR reply too large") => {
+                    let ks: Vec<&[u8]> = ask.copies.iter().map(|&k| keys[k]).collect();
+                    self.mget_node(node, &ks)?
+                }
+                Reply::Error(message) => {
+                    return Err(ClientError::Server {
+                        node: self.inner.nodes[node].addr.clone(),
+                        message,
+                    })
+                }
+                reply => self.parse_copies(node, reply, ask.copies.len())?,
             }
-            Ok(_) => Err(self.unexpected(node, "MGET", &Reply::Null)),
-            // Too large for one reply: the copies alone, in halves, then
-            // the digests.
-            Err(ClientError::Server { message, .. })
-                if message.starts_with("ERR reply too large") =>
-            {
-                let copies = self.mget_node(node, copies)?;
-                let reply = self.inner.with_conn(node, |c| c.call(&vmeta))?;
-                Ok((copies, self.parse_digests(node, reply, digests.len())?))
+        };
+        let digests = if ask.digests.is_empty() {
+            Vec::new()
+        } else {
+            match replies.next().unwrap_or(Reply::Null) {
+                Reply::Error(message) => {
+                    return Err(ClientError::Server {
+                        node: self.inner.nodes[node].addr.clone(),
+                        message,
+                    })
+                }
+                reply => self.parse_digests(node, reply, ask.digests.len())?,
             }
-            Err(e) => Err(e),
-        }
+        };
+        Ok(ask
+            .copies
+            .iter()
+            .copied()
+            .zip(copies.into_iter().map(Answer::Copy))
+            .chain(
+                ask.digests
+                    .iter()
+                    .copied()
+                    .zip(digests.into_iter().map(Answer::Digest)),
+            )
+            .collect())
     }
 
     /// One node's copies of `keys` (`MGET`, split in halves when the node
@@ -303,7 +309,12 @@ impl Cluster {
         self.parse_copies(node, reply, keys.len())
     }
 
-    fn parse_copies(&self, node: usize, reply: Reply, n: usize) -> Result<Vec<Option<Bytes>>> {
+    pub(crate) fn parse_copies(
+        &self,
+        node: usize,
+        reply: Reply,
+        n: usize,
+    ) -> Result<Vec<Option<Bytes>>> {
         match reply {
             Reply::Array(vals) if vals.len() == n => Ok(vals
                 .into_iter()
@@ -506,12 +517,16 @@ impl Inner {
     /// parallel. Versions only move forward on a node, so a repair racing
     /// a newer write cannot undo it.
     pub(crate) fn read_repair(&self, repairs: BTreeMap<usize, Vec<(Bytes, Bytes)>>) {
-        let jobs: Vec<(usize, Vec<(Bytes, Bytes)>)> = repairs.into_iter().collect();
-        let results = self.fan_out(jobs, |node, copies| {
-            let n = copies.len() as u64;
-            self.with_conn(node, |c| send_stored(c, &copies))?;
-            Ok(n)
-        });
+        let jobs: Vec<(usize, Vec<Vec<Bytes>>)> = repairs
+            .iter()
+            .map(|(&node, copies)| (node, stored_requests(copies)))
+            .collect();
+        let results: Vec<(usize, Result<u64>)> = self
+            .pipeline_all_checked(&jobs)
+            .into_iter()
+            .zip(repairs.values())
+            .map(|((node, r), copies)| (node, r.map(|_| copies.len() as u64)))
+            .collect();
         for (node, r) in results {
             match r {
                 Ok(n) => {
