@@ -170,7 +170,10 @@ impl Inner {
     /// read, then reads each node's replies in turn: the nodes work in
     /// parallel without a thread per node. Per node, in job order, its
     /// replies (error replies as [`Reply::Error`]) or the failure that
-    /// ended its connection (which marks the node down).
+    /// ended its connection (which marks the node down). Connections are
+    /// opened one after another: a node that must be connected to afresh
+    /// and does not answer delays the others by up to the connect timeout
+    /// (pooled connections, and refused connects, do not wait).
     pub(crate) fn pipeline_all<R: AsRef<[A]>, A: AsRef<[u8]>>(
         &self,
         jobs: &[(usize, Vec<R>)],
