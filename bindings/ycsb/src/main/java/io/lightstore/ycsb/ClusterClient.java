@@ -199,8 +199,8 @@ public final class ClusterClient implements AutoCloseable {
 
   /**
    * Writes keys that share one placement (one record's fields): {@code values[i]}
-   * null deletes {@code keys[i]}. One VSET (and one VDEL) per replica, replicas in
-   * parallel.
+   * null deletes {@code keys[i]}. One VSET (and one VDEL) per replica, sent to
+   * every replica before any reply is read, so the replicas work in parallel.
    */
   public void write(List<byte[]> keys, List<byte[]> values) throws ClusterException {
     if (keys.isEmpty()) {
@@ -224,23 +224,7 @@ public final class ClusterClient implements AutoCloseable {
     if (targets.length == 0) {
       targets = all;
     }
-    List<Future<String>> futures = new ArrayList<>();
-    for (int t = 1; t < targets.length; t++) {
-      int node = targets[t];
-      futures.add(FANOUT.submit(() -> writeOne(node, vset, vdel)));
-    }
-    List<String> outcomes = new ArrayList<>();
-    outcomes.add(writeOne(targets[0], vset, vdel));
-    for (Future<String> f : futures) {
-      try {
-        outcomes.add(f.get());
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        throw new ClusterException("interrupted");
-      } catch (ExecutionException e) {
-        outcomes.add("refused: " + e.getCause());
-      }
-    }
+    List<String> outcomes = writeAll(targets, vset, vdel);
     int acked = 0;
     String refused = null;
     String last = null;
@@ -298,6 +282,56 @@ public final class ClusterClient implements AutoCloseable {
         }
       }
     }
+  }
+
+  /**
+   * Sends every target its VSET/VDEL before reading any reply (as the Rust
+   * client's pipeline_all). Per target: null when it took the write, else why
+   * not ("refused: ..." for error replies), as {@link #writeOne}.
+   */
+  private List<String> writeAll(int[] targets, List<byte[]> vset, List<byte[]> vdel) {
+    String[] outcome = new String[targets.length];
+    boolean[] sent = new boolean[targets.length];
+    int replies = (vset.isEmpty() ? 0 : 1) + (vdel.isEmpty() ? 0 : 1);
+    for (int t = 0; t < targets.length; t++) {
+      int node = targets[t];
+      try {
+        conn(node);
+        if (!vset.isEmpty()) {
+          raw[node].send(Cmd.VSET, vset.toArray(new byte[0][]));
+        }
+        if (!vdel.isEmpty()) {
+          raw[node].send(Cmd.VDEL, vdel.toArray(new byte[0][]));
+        }
+        sent[t] = true;
+      } catch (JedisConnectionException e) {
+        outcome[t] = down(node, e).getMessage();
+      }
+    }
+    for (int t = 0; t < targets.length; t++) {
+      if (!sent[t]) {
+        continue;
+      }
+      int node = targets[t];
+      try {
+        String refused = null;
+        for (int i = 0; i < replies; i++) {
+          try {
+            raw[node].getOne();
+          } catch (JedisDataException e) {
+            // The error reply was read whole: the next reply follows.
+            if (refused == null) {
+              refused = "refused: node " + nodes.get(node) + ": " + e.getMessage();
+            }
+          }
+        }
+        downUntil[node] = 0;
+        outcome[t] = refused;
+      } catch (JedisConnectionException e) {
+        outcome[t] = down(node, e).getMessage();
+      }
+    }
+    return Arrays.asList(outcome);
   }
 
   /** null when the node took the write, else why not ("refused: ..." for error replies). */
