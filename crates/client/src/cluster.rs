@@ -217,10 +217,7 @@ impl Inner {
                     replies
                         .into_iter()
                         .map(|reply| match reply {
-                            Reply::Error(message) => Err(ClientError::Server {
-                                node: self.nodes[node].addr.clone(),
-                                message,
-                            }),
+                            Reply::Error(message) => Err(self.server_error(node, message)),
                             other => Ok(other),
                         })
                         .collect()
@@ -228,6 +225,14 @@ impl Inner {
                 (node, checked)
             })
             .collect()
+    }
+
+    /// Node `node`'s error reply `message` as an error.
+    pub(crate) fn server_error(&self, node: usize, message: String) -> ClientError {
+        ClientError::Server {
+            node: self.nodes[node].addr.clone(),
+            message,
+        }
     }
 
     fn open(&self, i: usize) -> Result<Conn> {

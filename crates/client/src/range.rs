@@ -288,13 +288,11 @@ impl ListedKey {
     /// node still holds the key): nothing to read.
     fn is_deleted(&self) -> bool {
         let v = self.newest_version();
-        let newest: Vec<Digest> = self
-            .digests
+        self.digests
             .iter()
             .filter_map(|(_, d)| *d)
             .filter(|d| d.version == v)
-            .collect();
-        newest.iter().all(|d| d.deleted)
+            .all(|d| d.deleted)
     }
 
     /// The nodes to read the newest copy from: one per distinct copy at
@@ -336,7 +334,9 @@ impl Cluster {
         while out.len() < limit && !exhausted {
             let want = limit - out.len();
             let mut live: Vec<ListedKey> = Vec::with_capacity(want.min(4096));
-            let mut repairs: BTreeMap<usize, Vec<(Bytes, Bytes)>> = BTreeMap::new();
+            // Keys whose newest copy is a tombstone, with its bytes (which
+            // follow from its version): they need no read.
+            let mut deleted: Vec<(ListedKey, Bytes)> = Vec::new();
             while live.len() < want {
                 let next = merger.next_key()?;
                 check_coverage(all - up.len() + merger.failed.len(), all, inner.replicas)?;
@@ -349,22 +349,22 @@ impl Cluster {
                     .map(|(n, l)| (n, if let Listed::Digest(d) = l { d } else { None }))
                     .collect();
                 let k = ListedKey { key, digests };
-                if k.is_deleted() {
-                    // A tombstone needs no read: its bytes follow from its
-                    // version.
-                    let v = k.newest_version();
-                    if v > 0 {
-                        let best = encode_tombstone(v);
-                        self.note_behind(&k, &best, merger.nodes(), &mut repairs);
-                    }
-                } else {
+                if !k.is_deleted() {
                     live.push(k);
+                } else if k.newest_version() > 0 {
+                    let tombstone = encode_tombstone(k.newest_version());
+                    deleted.push((k, tombstone));
                 }
+            }
+            let merged: Vec<usize> = merger.nodes().collect();
+            let mut repairs: BTreeMap<usize, Vec<(Bytes, Bytes)>> = BTreeMap::new();
+            for (k, tombstone) in &deleted {
+                self.note_behind(k, tombstone, &merged, &mut repairs);
             }
             let copies = self.read_newest(&live)?;
             for (k, best) in live.iter().zip(copies) {
                 let Some(best) = best else { continue };
-                self.note_behind(k, &best, merger.nodes(), &mut repairs);
+                self.note_behind(k, &best, &merged, &mut repairs);
                 if let Some(v) = Versioned::decode(best).value {
                     out.push((k.key.clone(), v));
                 }
@@ -399,31 +399,15 @@ impl Cluster {
             .collect();
         // Every node's MGET goes out before any reply is read; one refused
         // as too large is asked again in parts.
-        let results: Vec<(usize, Result<Vec<Option<Bytes>>>)> = self
-            .inner
-            .pipeline_all_checked(&reqs)
-            .into_iter()
-            .zip(&jobs)
-            .map(|((node, r), (_, idx))| {
-                let got = match r {
-                    Ok(mut replies) => {
-                        self.parse_copies(node, replies.pop().unwrap_or(Reply::Null), idx.len())
-                    }
-                    Err(ClientError::Server { message, .. })
-                        if message.starts_with("ERR reply too large") =>
-                    {
-                        let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i].key[..]).collect();
-                        self.mget_node(node, &ks)
-                    }
-                    Err(e) => Err(e),
-                };
-                (node, got)
-            })
-            .collect();
+        let replies = self.inner.pipeline_all(&reqs);
         let mut copies: Vec<Vec<(usize, Bytes)>> = vec![Vec::new(); keys.len()];
-        let mut failed: Vec<usize> = Vec::new();
-        for ((node, r), (_, idx)) in results.into_iter().zip(jobs) {
-            match r {
+        let mut source_failed = vec![false; keys.len()];
+        for ((node, r), (_, idx)) in replies.into_iter().zip(jobs) {
+            let got = r.and_then(|mut replies| {
+                let ks: Vec<&[u8]> = idx.iter().map(|&i| &keys[i].key[..]).collect();
+                self.copies_from(node, replies.pop().unwrap_or(Reply::Null), &ks)
+            });
+            match got {
                 Ok(got) => {
                     for (i, c) in idx.into_iter().zip(got) {
                         if let Some(c) = c {
@@ -431,7 +415,11 @@ impl Cluster {
                         }
                     }
                 }
-                Err(e) if e.is_node_failure() => failed.extend(idx),
+                Err(e) if e.is_node_failure() => {
+                    for i in idx {
+                        source_failed[i] = true;
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -440,7 +428,7 @@ impl Cluster {
             let mut best = newest(&copies[i]).cloned();
             let listed = k.newest_version();
             let older = |b: &Option<Bytes>| b.as_ref().is_some_and(|b| version_of(b) < listed);
-            let source_failed = failed.contains(&i);
+            let source_failed = source_failed[i];
             if source_failed || best.is_none() || older(&best) {
                 let holders: Vec<usize> = k.digests.iter().map(|(n, _)| *n).collect();
                 best = self.newest_from(&k.key, &holders)?;
@@ -466,10 +454,9 @@ impl Cluster {
         &self,
         k: &ListedKey,
         best: &Bytes,
-        merged: impl Iterator<Item = usize>,
+        merged: &[usize],
         repairs: &mut BTreeMap<usize, Vec<(Bytes, Bytes)>>,
     ) {
-        let merged: Vec<usize> = merged.collect();
         let (version, crc) = (version_of(best), crc32c::crc32c(best));
         let is_value = Versioned::decode(best.clone()).value.is_some();
         for r in self.inner.ring.replicas(&k.key, self.inner.replicas) {

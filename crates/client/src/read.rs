@@ -260,31 +260,14 @@ impl Cluster {
         let copies = if ask.copies.is_empty() {
             Vec::new()
         } else {
-            match replies.next().unwrap_or(Reply::Null) {
-                // Too large for one reply: the copies alone, in parts.
-                Reply::Error(m) if m.starts_with("ERR reply too large") => {
-                    let ks: Vec<&[u8]> = ask.copies.iter().map(|&k| keys[k]).collect();
-                    self.mget_node(node, &ks)?
-                }
-                Reply::Error(message) => {
-                    return Err(ClientError::Server {
-                        node: self.inner.nodes[node].addr.clone(),
-                        message,
-                    })
-                }
-                reply => self.parse_copies(node, reply, ask.copies.len())?,
-            }
+            let ks: Vec<&[u8]> = ask.copies.iter().map(|&k| keys[k]).collect();
+            self.copies_from(node, replies.next().unwrap_or(Reply::Null), &ks)?
         };
         let digests = if ask.digests.is_empty() {
             Vec::new()
         } else {
             match replies.next().unwrap_or(Reply::Null) {
-                Reply::Error(message) => {
-                    return Err(ClientError::Server {
-                        node: self.inner.nodes[node].addr.clone(),
-                        message,
-                    })
-                }
+                Reply::Error(message) => return Err(self.inner.server_error(node, message)),
                 reply => self.parse_digests(node, reply, ask.digests.len())?,
             }
         };
@@ -302,19 +285,30 @@ impl Cluster {
             .collect())
     }
 
+    /// One node's copies of `keys` from its reply to `MGET keys`: when the
+    /// node refused the reply as too large, the keys are asked for again
+    /// in parts ([`Cluster::mget_node`]).
+    pub(crate) fn copies_from(
+        &self,
+        node: usize,
+        reply: Reply,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Bytes>>> {
+        match reply {
+            Reply::Error(m) if m.starts_with("ERR reply too large") => self.mget_node(node, keys),
+            Reply::Error(message) => Err(self.inner.server_error(node, message)),
+            reply => self.parse_copies(node, reply, keys.len()),
+        }
+    }
+
     /// One node's copies of `keys` (`MGET`, split in halves when the node
     /// refuses the reply as too large).
-    pub(crate) fn mget_node(&self, node: usize, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+    fn mget_node(&self, node: usize, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
         let reply = self.mget_split(node, keys)?;
         self.parse_copies(node, reply, keys.len())
     }
 
-    pub(crate) fn parse_copies(
-        &self,
-        node: usize,
-        reply: Reply,
-        n: usize,
-    ) -> Result<Vec<Option<Bytes>>> {
+    fn parse_copies(&self, node: usize, reply: Reply, n: usize) -> Result<Vec<Option<Bytes>>> {
         match reply {
             Reply::Array(vals) if vals.len() == n => Ok(vals
                 .into_iter()

@@ -600,9 +600,10 @@ public final class ClusterClient implements AutoCloseable {
    */
   private void noteBehind(Listed k, byte[] best, List<Cursor> merged,
       java.util.Map<Integer, List<byte[][]>> repairs) {
-    long version = Versioned.decode(best).version;
+    Versioned decoded = Versioned.decode(best);
+    long version = decoded.version;
     long crc = crc32c(best);
-    boolean isValue = Versioned.decode(best).value != null;
+    boolean isValue = decoded.value != null;
     for (int r : replicasOf(k.key)) {
       if (merged.stream().noneMatch(c -> c.node == r)) {
         continue;
@@ -934,13 +935,9 @@ public final class ClusterClient implements AutoCloseable {
           List<?> metas = (List<?>) raw[node].getOne();
           for (int i = 0; i < ask.digests.size(); i++) {
             int k = ask.digests.get(i);
-            if (metas.get(i) instanceof List<?> f) {
-              long version = Long.parseUnsignedLong(
-                  new String((byte[]) f.get(0), StandardCharsets.US_ASCII));
-              got.add(new Answer(k, false, null, true, version, (Long) f.get(1)));
-            } else {
-              got.add(new Answer(k, false, null, false, 0, 0));
-            }
+            Digest d = Digest.parse(metas.get(i));
+            got.add(d == null ? new Answer(k, false, null, false, 0, 0)
+                : new Answer(k, false, null, true, d.version(), d.crc()));
           }
         }
         downUntil[node] = 0;
