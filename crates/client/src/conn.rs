@@ -1,14 +1,14 @@
 //! One blocking RESP connection to a node, with a timeout on every call,
 //! over TCP (`host:port`) or a Unix socket (`unix:PATH`).
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use protocol::{decode_reply, encode_request, Reply};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use protocol::{decode_reply, Reply};
 
 use crate::error::{ClientError, Result};
 
@@ -45,12 +45,58 @@ impl Stream {
         }
     }
 
-    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.write_all(buf),
-            Stream::Unix(s) => s.write_all(buf),
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
         }
     }
+
+    /// Writes every byte of `bufs`, in as few system calls as the kernel
+    /// allows.
+    fn write_all_vectored(&mut self, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        IoSlice::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            match self.write_vectored(bufs) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A piece of an encoded request: `head[a..b]`, or an argument as is.
+enum Part<'a> {
+    Head(usize, usize),
+    Arg(&'a [u8]),
+}
+
+fn put_decimal(out: &mut BytesMut, n: usize) {
+    out.extend_from_slice(n.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Reads once from `stream` into the spare capacity of `buf` (at most
+/// [`READ_CHUNK`] bytes) and appends what arrived, without zeroing the
+/// spare capacity first.
+fn read_into_spare(stream: &mut Stream, buf: &mut BytesMut) -> std::io::Result<usize> {
+    let spare = buf.chunk_mut();
+    let len = spare.len().min(READ_CHUNK);
+    // SAFETY: the pointer and length come from `chunk_mut`, which hands out
+    // `len` writable bytes of `buf`'s allocation. `read` on a socket only
+    // writes into the slice (it never reads it), so its uninitialised
+    // contents are never observed; `advance_mut` then exposes exactly the
+    // `n <= len` bytes the kernel wrote. This is the pattern tokio's
+    // `ReadBuf` uses.
+    let dst = unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr(), len) };
+    let n = stream.read(dst)?;
+    assert!(n <= len, "read reported more bytes than it was given");
+    // SAFETY: the first `n` bytes of the spare capacity were written above.
+    unsafe { buf.advance_mut(n) };
+    Ok(n)
 }
 
 /// A connection to one node. Any error leaves it unusable: the caller drops it.
@@ -58,12 +104,16 @@ pub struct Conn {
     stream: Stream,
     node: String,
     timeout: Duration,
-    rbuf: BytesMut,
-    scratch: Box<[u8]>,
+    /// Bytes received and not parsed yet. Replies are sliced out of it
+    /// without copying, so it is often shared with replies handed out.
+    pending: Bytes,
 }
 
-/// Bytes read from the socket per read call.
+/// Bytes read from the socket per read call, at most.
 const READ_CHUNK: usize = 256 * 1024;
+/// Arguments at least this long are sent from where they are (a vectored
+/// write), shorter ones are copied next to their headers.
+const BORROW_ARG: usize = 1024;
 
 impl Conn {
     /// Connects to `node` (`host:port` or `unix:PATH`), waiting at most
@@ -77,8 +127,7 @@ impl Conn {
             stream,
             node: node.to_string(),
             timeout,
-            rbuf: BytesMut::with_capacity(READ_CHUNK),
-            scratch: vec![0; READ_CHUNK].into_boxed_slice(),
+            pending: Bytes::new(),
         };
         if let Some(pw) = password {
             conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;
@@ -137,15 +186,47 @@ impl Conn {
 
     /// Sends requests without reading their replies: [`Conn::receive`]
     /// reads them later, so the caller can work while the node does.
+    /// Long arguments (values) are written from where they lie, not copied.
     pub fn send<R: AsRef<[A]>, A: AsRef<[u8]>>(&mut self, reqs: &[R]) -> Result<()> {
-        let mut out = BytesMut::new();
+        // RESP headers and short arguments go into `head`; `parts` lists
+        // what to write in order: a range of `head` or a long argument.
+        let mut head = BytesMut::new();
+        let mut parts: Vec<Part<'_>> = Vec::new();
+        let mut from = 0;
         for r in reqs {
-            encode_request(r.as_ref(), &mut out);
+            let args = r.as_ref();
+            head.reserve(16 + args.len() * 24);
+            head.put_u8(b'*');
+            put_decimal(&mut head, args.len());
+            for a in args {
+                let a = a.as_ref();
+                head.put_u8(b'$');
+                put_decimal(&mut head, a.len());
+                if a.len() >= BORROW_ARG {
+                    parts.push(Part::Head(from, head.len()));
+                    parts.push(Part::Arg(a));
+                    from = head.len();
+                } else {
+                    head.extend_from_slice(a);
+                }
+                head.extend_from_slice(b"\r\n");
+            }
         }
+        parts.push(Part::Head(from, head.len()));
+        let mut slices: Vec<IoSlice<'_>> = parts
+            .iter()
+            .map(|p| match *p {
+                Part::Head(a, b) => IoSlice::new(&head[a..b]),
+                Part::Arg(a) => IoSlice::new(a),
+            })
+            .filter(|s| !s.is_empty())
+            .collect();
         self.stream
             .set_write_timeout(Some(self.timeout))
             .map_err(|e| self.io(e))?;
-        self.stream.write_all(&out).map_err(|e| self.io(e))
+        self.stream
+            .write_all_vectored(&mut slices)
+            .map_err(|e| self.io(e))
     }
 
     /// Reads the replies of `n` requests sent before, in order, within the
@@ -172,25 +253,16 @@ impl Conn {
 
     fn read_reply(&mut self, deadline: Instant) -> Result<Reply> {
         loop {
-            if !self.rbuf.is_empty() {
-                let buf: Bytes = self.rbuf.split().freeze();
-                let parsed = decode_reply(&buf).map_err(|source| ClientError::Protocol {
-                    node: self.node.clone(),
-                    source,
-                })?;
-                match parsed {
-                    Some((reply, used)) => {
-                        // Pipelined replies that arrived together stay buffered.
-                        self.rbuf.extend_from_slice(&buf[used..]);
-                        return Ok(reply);
-                    }
-                    // Incomplete: take the buffer back, without a copy when
-                    // nothing else holds it.
-                    None => {
-                        self.rbuf = buf
-                            .try_into_mut()
-                            .unwrap_or_else(|b| BytesMut::from(&b[..]));
-                    }
+            if !self.pending.is_empty() {
+                let parsed =
+                    decode_reply(&self.pending).map_err(|source| ClientError::Protocol {
+                        node: self.node.clone(),
+                        source,
+                    })?;
+                if let Some((reply, used)) = parsed {
+                    // Pipelined replies that arrived together stay pending.
+                    self.pending.advance(used);
+                    return Ok(reply);
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -200,9 +272,18 @@ impl Conn {
             self.stream
                 .set_read_timeout(Some(left))
                 .map_err(|e| self.io(e))?;
-            match self.stream.read(&mut self.scratch) {
+            // Append to the pending bytes: in place when no reply handed
+            // out shares their buffer, else after copying the part of one
+            // reply they hold.
+            let mut buf = std::mem::take(&mut self.pending)
+                .try_into_mut()
+                .unwrap_or_else(|b| BytesMut::from(&b[..]));
+            buf.reserve(READ_CHUNK);
+            let got = read_into_spare(&mut self.stream, &mut buf);
+            self.pending = buf.freeze();
+            match got {
                 Ok(0) => return Err(self.io(ErrorKind::UnexpectedEof.into())),
-                Ok(n) => self.rbuf.extend_from_slice(&self.scratch[..n]),
+                Ok(_) => {}
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                     return Err(self.timed_out());
                 }
@@ -224,5 +305,89 @@ impl Conn {
             node: self.node.clone(),
             timeout: self.timeout,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::{encode_request, RespVersion};
+    use std::os::unix::net::UnixListener;
+
+    /// A fake node on a Unix socket: reads `expect` bytes, checks them,
+    /// then writes `replies` a few bytes at a time.
+    fn fake_node(
+        path: &Path,
+        expect: Vec<u8>,
+        replies: Vec<u8>,
+    ) -> std::thread::JoinHandle<Vec<u8>> {
+        let listener = UnixListener::bind(path).expect("bind");
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut got = vec![0u8; expect.len()];
+            s.read_exact(&mut got).expect("request bytes");
+            for piece in replies.chunks(7001) {
+                s.write_all(piece).expect("reply bytes");
+                s.flush().expect("flush");
+            }
+            got
+        })
+    }
+
+    #[test]
+    fn requests_are_encoded_as_resp_and_split_replies_are_put_together() {
+        let dir = std::env::temp_dir().join(format!("ls-conn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("node.sock");
+        // Short and long arguments (long ones are written in place).
+        let big: Vec<u8> = (0..BORROW_ARG * 5).map(|i| i as u8).collect();
+        let reqs: Vec<Vec<&[u8]>> = vec![
+            vec![b"SET", b"k", &big],
+            vec![b"GET", b"k"],
+            vec![
+                b"MSET",
+                &big[..BORROW_ARG],
+                b"",
+                &big[..BORROW_ARG - 1],
+                b"x",
+            ],
+        ];
+        let mut expect = BytesMut::new();
+        for r in &reqs {
+            encode_request(r, &mut expect);
+        }
+        // Replies spanning several reads, one larger than a read.
+        let huge = Bytes::from(
+            (0..READ_CHUNK + 12_345)
+                .map(|i| (i % 251) as u8)
+                .collect::<Vec<u8>>(),
+        );
+        let replies = [
+            Reply::Simple("OK"),
+            Reply::Bulk(huge.clone()),
+            Reply::Array(vec![Reply::Bulk(Bytes::from_static(b"a")), Reply::Null]),
+        ];
+        let mut wire = BytesMut::new();
+        for r in &replies {
+            r.encode(RespVersion::V2, &mut wire);
+        }
+        let node = fake_node(&path, expect.to_vec(), wire.to_vec());
+        let addr = format!("unix:{}", path.display());
+        let mut conn = Conn::open(&addr, Duration::from_secs(10), None).expect("open");
+        let got = conn.pipeline(&reqs).expect("pipeline");
+        assert_eq!(
+            node.join().expect("node"),
+            expect.to_vec(),
+            "bytes on the wire"
+        );
+        assert_eq!(got.len(), 3);
+        assert!(
+            matches!(&got[0], Reply::Status(s) if s == "OK")
+                || matches!(&got[0], Reply::Simple("OK"))
+        );
+        assert!(matches!(&got[1], Reply::Bulk(b) if *b == huge));
+        assert!(matches!(&got[2], Reply::Array(a) if a.len() == 2));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

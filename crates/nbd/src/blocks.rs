@@ -127,6 +127,16 @@ impl Blocks {
     /// Reads several `(offset, len)` ranges with one multi-get for all
     /// their chunks (a chunk two ranges share is fetched once).
     pub fn read_many(&self, ranges: &[(u64, usize)]) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = ranges.iter().map(|&(_, l)| Vec::with_capacity(l)).collect();
+        self.read_many_into(ranges, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::read_many`], appending range `i`'s bytes to `into[i]` (after
+    /// a reply header, say), so each byte is copied once and never zeroed
+    /// first. On error `into` may hold part of the data.
+    pub fn read_many_into(&self, ranges: &[(u64, usize)], into: &mut [Vec<u8>]) -> Result<()> {
+        assert_eq!(ranges.len(), into.len(), "one buffer per range");
         let pieces: Vec<Vec<Piece>> = ranges.iter().map(|&(o, l)| self.pieces(o, l)).collect();
         let mut chunks: Vec<u64> = pieces.iter().flatten().map(|p| p.chunk).collect();
         chunks.sort_unstable();
@@ -134,22 +144,26 @@ impl Blocks {
         let keys: Vec<Vec<u8>> = chunks.iter().map(|&c| chunk_key(self.vol.id, c)).collect();
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         let values = self.store.mget(&refs)?;
-        let mut out = Vec::with_capacity(ranges.len());
-        for (&(_, len), ps) in ranges.iter().zip(&pieces) {
-            let mut buf = vec![0u8; len];
+        for (buf, ps) in into.iter_mut().zip(&pieces) {
+            let start = buf.len();
+            buf.reserve(ps.iter().map(|p| p.len).sum());
+            // Pieces follow each other in the range, in order.
             for p in ps {
-                let Ok(i) = chunks.binary_search(&p.chunk) else {
-                    continue;
-                };
-                if let Some(c) = &values[i] {
-                    // A short chunk (never, but tolerate it) reads zeros past its end.
-                    let have = c.len().saturating_sub(p.at).min(p.len);
-                    buf[p.buf_at..p.buf_at + have].copy_from_slice(&c[p.at..p.at + have]);
+                debug_assert_eq!(buf.len() - start, p.buf_at, "pieces are contiguous");
+                let value = chunks
+                    .binary_search(&p.chunk)
+                    .ok()
+                    .and_then(|i| values[i].as_deref());
+                // A hole reads zeros; so does a short chunk past its end
+                // (never written so, but tolerated).
+                let have = value.map_or(0, |c| c.len().saturating_sub(p.at).min(p.len));
+                if let Some(c) = value {
+                    buf.extend_from_slice(&c[p.at..p.at + have]);
                 }
+                buf.resize(buf.len() + p.len - have, 0);
             }
-            out.push(buf);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Writes `data` at `offset`; with `fua`, durable when it returns.
@@ -204,7 +218,28 @@ impl Blocks {
         let mut touched: Vec<u64> = all.iter().map(|p| p.chunk).collect();
         touched.sort_unstable();
         touched.dedup();
-        let mut partial: Vec<u64> = all.iter().filter(|p| p.len < cs).map(|p| p.chunk).collect();
+        // A chunk whose last writer in the batch covers it whole with data
+        // is written from that data as is: no buffer, no read.
+        let mut whole: Vec<Option<&[u8]>> = vec![None; touched.len()];
+        let mut keep = vec![false; touched.len()];
+        for (patch, ps) in patches.iter().zip(&pieces) {
+            for p in ps {
+                let Ok(i) = touched.binary_search(&p.chunk) else {
+                    continue;
+                };
+                keep[i] |= patch.keep;
+                whole[i] = match patch.data {
+                    Some(d) if p.len == cs => Some(&d[p.buf_at..p.buf_at + cs]),
+                    _ => None,
+                };
+            }
+        }
+        let mut partial: Vec<u64> = all
+            .iter()
+            .filter(|p| p.len < cs)
+            .map(|p| p.chunk)
+            .filter(|c| touched.binary_search(c).is_ok_and(|i| whole[i].is_none()))
+            .collect();
         partial.sort_unstable();
         partial.dedup();
         let partial_keys: Vec<Vec<u8>> =
@@ -215,10 +250,15 @@ impl Blocks {
         } else {
             self.store.mget(&refs)?
         };
-        let mut keep = vec![false; touched.len()];
+        // The other chunks start from zeros or what they held, and take
+        // every piece in order.
         let mut bufs: Vec<Vec<u8>> = touched
             .iter()
-            .map(|c| {
+            .zip(&whole)
+            .map(|(c, w)| {
+                if w.is_some() {
+                    return Vec::new();
+                }
                 let mut b = vec![0u8; cs];
                 if let Ok(i) = partial.binary_search(c) {
                     if let Some(old) = &current[i] {
@@ -234,7 +274,9 @@ impl Blocks {
                 let Ok(i) = touched.binary_search(&p.chunk) else {
                     continue;
                 };
-                keep[i] |= patch.keep;
+                if whole[i].is_some() {
+                    continue;
+                }
                 let dst = &mut bufs[i][p.at..p.at + p.len];
                 match patch.data {
                     Some(d) => dst.copy_from_slice(&d[p.buf_at..p.buf_at + p.len]),
@@ -245,14 +287,9 @@ impl Blocks {
         let keys: Vec<Vec<u8>> = touched.iter().map(|&c| chunk_key(self.vol.id, c)).collect();
         let ops: Vec<WriteOp<'_>> = keys
             .iter()
-            .zip(&bufs)
+            .zip(bufs.iter().zip(&whole).map(|(b, w)| w.unwrap_or(&b[..])))
             .zip(&keep)
-            .map(|((k, b), &keep)| {
-                (
-                    &k[..],
-                    (keep || b.iter().any(|&x| x != 0)).then_some(&b[..]),
-                )
-            })
+            .map(|((k, b), &keep)| (&k[..], (keep || b.iter().any(|&x| x != 0)).then_some(b)))
             .collect();
         // Whether each chunk holds data now: known for the chunks read for
         // a partial write, asked of the store for wholly zeroed ones. A

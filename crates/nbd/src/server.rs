@@ -433,11 +433,10 @@ impl NbdServer {
                 break Ok(());
             };
             let payload = if req.kind == cmd::WRITE {
-                let mut p = vec![0u8; req.length as usize];
-                if let Err(e) = rd.read_exact(&mut p).await {
-                    break Err(e.into());
+                match read_payload(&mut rd, req.length as usize).await {
+                    Ok(p) => p,
+                    Err(e) => break Err(e.into()),
                 }
-                p
             } else {
                 Vec::new()
             };
@@ -590,13 +589,19 @@ impl NbdServer {
                     _ => None,
                 })
                 .collect();
-            match s.blocks.read_many(&ranges) {
-                Ok(datas) => {
-                    for (&i, data) in read_idx.iter().zip(datas) {
+            // Each reply's header first; the data is appended after it.
+            let mut out: Vec<Vec<u8>> = read_idx
+                .iter()
+                .zip(&ranges)
+                .map(|(&i, &(_, len))| read_reply_head(s, &batch[i].0, len))
+                .collect();
+            match s.blocks.read_many_into(&ranges, &mut out) {
+                Ok(()) => {
+                    for (&i, reply) in read_idx.iter().zip(out) {
                         self.stats
                             .bytes_read
-                            .fetch_add(data.len() as u64, Ordering::Relaxed);
-                        replies[i] = Some(read_reply(s, &batch[i].0, &data));
+                            .fetch_add(batch[i].0.length.into(), Ordering::Relaxed);
+                        replies[i] = Some(reply);
                     }
                 }
                 Err(e) => fail_all(&mut replies, &read_idx, &e),
@@ -829,24 +834,37 @@ fn stat_index(kind: u16) -> usize {
     }
 }
 
-/// A successful READ reply in the session's style.
-fn read_reply(s: &Session, req: &Request, data: &[u8]) -> Vec<u8> {
-    if !s.structured {
-        let mut r = proto::simple_reply(0, req.handle);
-        r.extend_from_slice(data);
-        return r;
+/// Reads a WRITE's `len` payload bytes into a buffer that is not zeroed
+/// first.
+async fn read_payload<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut p = Vec::with_capacity(len);
+    while p.len() < len {
+        let left = (len - p.len()) as u64;
+        if (&mut *rd).take(left).read_buf(&mut p).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
     }
-    if data.is_empty() {
+    Ok(p)
+}
+
+/// The header of a successful READ reply of `len` bytes in the session's
+/// style, with room for the data to be appended.
+fn read_reply_head(s: &Session, req: &Request, len: usize) -> Vec<u8> {
+    let mut r = if !s.structured {
+        proto::simple_reply(0, req.handle)
+    } else if len == 0 {
         return proto::chunk_header(chunk::FLAG_DONE, chunk::NONE, req.handle, 0);
-    }
-    let mut r = proto::chunk_header(
-        chunk::FLAG_DONE,
-        chunk::OFFSET_DATA,
-        req.handle,
-        8 + data.len() as u32,
-    );
-    r.extend_from_slice(&req.offset.to_be_bytes());
-    r.extend_from_slice(data);
+    } else {
+        let mut r = proto::chunk_header(
+            chunk::FLAG_DONE,
+            chunk::OFFSET_DATA,
+            req.handle,
+            8 + len as u32,
+        );
+        r.extend_from_slice(&req.offset.to_be_bytes());
+        r
+    };
+    r.reserve_exact(len);
     r
 }
 
