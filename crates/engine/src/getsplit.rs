@@ -42,7 +42,15 @@ impl Db {
     /// device (only, briefly, for the log's lock when the value is recent).
     /// An error is one [`Db::get`] would report too.
     pub fn try_get(&self, key: &[u8]) -> Result<GetStart> {
-        self.inner.try_get(key)
+        let mut starts = self.inner.try_get_many(&[key])?;
+        Ok(starts.pop().unwrap_or(GetStart::Blocking))
+    }
+
+    /// [`Db::try_get`] of several keys at one sequence number, as
+    /// [`Db::multi_get`] reads them: a batch written together is seen
+    /// whole or not at all. One start per key, in order.
+    pub fn try_get_many(&self, keys: &[&[u8]]) -> Result<Vec<GetStart>> {
+        self.inner.try_get_many(keys)
     }
 
     /// Completes a GET that [`Db::try_get`] started with `read`, given the
@@ -65,24 +73,34 @@ impl Db {
 }
 
 impl DbInner {
-    fn try_get(&self, key: &[u8]) -> Result<GetStart> {
+    fn try_get_many(&self, keys: &[&[u8]]) -> Result<Vec<GetStart>> {
         let (sv, seq) = self.read_view(None);
-        let entry = match probe_in(self, &sv, key, seq)? {
-            Probe::Found(entry) => entry,
-            Probe::NeedsRead => return Ok(GetStart::Blocking),
-        };
-        let start = match entry {
-            Some(e) if e.kind == Kind::Put => match self.vlog.start_read(e.ptr, key)? {
-                ValueStart::Ready(v) => GetStart::Done(Some(v)),
-                ValueStart::Device(pending, read) => {
-                    return Ok(GetStart::Read(PendingGet(pending), read))
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let entry = match probe_in(self, &sv, key, seq)? {
+                Probe::Found(entry) => entry,
+                Probe::NeedsRead => {
+                    out.push(GetStart::Blocking);
+                    continue;
                 }
-                ValueStart::Blocking => return Ok(GetStart::Blocking),
-            },
-            _ => GetStart::Done(None),
-        };
-        Counters::add(&self.counters.gets, 1);
-        Ok(start)
+            };
+            let start = match entry {
+                Some(e) if e.kind == Kind::Put => match self.vlog.start_read(e.ptr, key)? {
+                    ValueStart::Ready(v) => GetStart::Done(Some(v)),
+                    ValueStart::Device(pending, read) => GetStart::Read(PendingGet(pending), read),
+                    ValueStart::Blocking => {
+                        out.push(GetStart::Blocking);
+                        continue;
+                    }
+                },
+                _ => GetStart::Done(None),
+            };
+            if matches!(start, GetStart::Done(_)) {
+                Counters::add(&self.counters.gets, 1);
+            }
+            out.push(start);
+        }
+        Ok(out)
     }
 }
 

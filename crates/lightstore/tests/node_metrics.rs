@@ -200,6 +200,36 @@ fn lone_gets_are_read_on_the_network_thread() {
         let net = info_field(&n, "stats", "net_gets").expect("net_gets");
         assert!(net < lone + KEYS as u64, "every pipelined GET ran alone");
     }
+    // An MGET of a few keys is answered there too (values on the device,
+    // empty and missing, in order), at one sequence number.
+    let before = info_field(&n, "stats", "net_gets").unwrap_or(0);
+    let mut keys: Vec<Vec<u8>> = (0..KEYS)
+        .rev()
+        .map(|i| format!("key{i}").into_bytes())
+        .collect();
+    keys.extend([b"empty".to_vec(), b"missing".to_vec()]);
+    let mut args: Vec<&[u8]> = vec![b"MGET"];
+    args.extend(keys.iter().map(|k| &k[..]));
+    let mut want: Vec<Resp> = (0..KEYS).rev().map(|i| Resp::Bulk(value(i))).collect();
+    want.extend([Resp::Bulk(Vec::new()), Resp::Nil]);
+    assert_eq!(call(&mut conn, &args), Resp::Array(want.clone()));
+    if engine::flash::io_uring_for_tests() {
+        let net = info_field(&n, "stats", "net_gets").expect("net_gets");
+        assert_eq!(
+            net,
+            before + keys.len() as u64,
+            "the MGET ran on the network thread"
+        );
+    }
+    // A value still in the log's memory may send it to the pool: the
+    // answer is the same.
+    assert_eq!(
+        call(&mut conn, &[b"SET", b"fresh", b"in memory"]),
+        Resp::Simple("OK".into())
+    );
+    args.push(b"fresh");
+    want.push(Resp::Bulk(b"in memory".to_vec()));
+    assert_eq!(call(&mut conn, &args), Resp::Array(want));
 }
 
 #[test]

@@ -19,8 +19,10 @@ use std::sync::Arc;
 
 use client::Store;
 use parking_lot::Mutex;
+use std::io::{IoSlice, Read};
+
+use socket2::Socket;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, Semaphore};
 
 use crate::blocks::{Blocks, Patch};
 use crate::error::{errno, NbdError, Result};
@@ -146,10 +148,7 @@ impl NbdServer {
     }
 
     /// Serves one connection until the client leaves or breaks the protocol.
-    pub async fn serve<S>(self: Arc<Self>, stream: S)
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
+    pub async fn serve<S: Transport>(self: Arc<Self>, stream: S) {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         self.connections.fetch_add(1, Ordering::AcqRel);
         let this = self.clone();
@@ -157,10 +156,9 @@ impl NbdServer {
         self.connections.fetch_sub(1, Ordering::AcqRel);
     }
 
-    async fn serve_connection<S>(self: Arc<Self>, stream: S)
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
+    /// The handshake on the runtime, then the transmission phase on the
+    /// connection's own blocking threads.
+    async fn serve_connection<S: Transport>(self: Arc<Self>, stream: S) {
         let (mut rd, mut wr) = tokio::io::split(stream);
         let session = match self.clone().handshake(&mut rd, &mut wr).await {
             Ok(Some(s)) => s,
@@ -170,9 +168,44 @@ impl NbdServer {
                 return;
             }
         };
-        if let Err(e) = self.transmission(rd, wr, session).await {
-            tracing::debug!(error = %e, "connection ended");
+        let sock = match rd.unsplit(wr).into_socket() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not hand a connection to its threads");
+                return;
+            }
+        };
+        // Shutdown stops the reader by shutting the socket's read side: it
+        // sees the end of the stream, and what it took is still answered.
+        let stopper = match sock.try_clone() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not clone a connection's socket");
+                return;
+            }
+        };
+        let mut stop = self.stop.subscribe();
+        let watcher = tokio::spawn(async move {
+            let _ = stop.wait_for(|s| *s).await;
+            let _ = stopper.shutdown(std::net::Shutdown::Read);
+        });
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let this = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ls-nbd-conn".into())
+            .spawn(move || {
+                let outcome = this.transmission(&sock, session);
+                let _ = done_tx.send(outcome);
+            });
+        match spawned {
+            Ok(_) => match done_rx.await {
+                Ok(Err(e)) => tracing::debug!(error = %e, "connection ended"),
+                Ok(Ok(())) => {}
+                Err(_) => tracing::error!("a connection's thread ended without a word"),
+            },
+            Err(e) => tracing::warn!(error = %e, "could not start a connection's thread"),
         }
+        watcher.abort();
     }
 
     /// The option haggling; the session to serve, or `None` when the client
@@ -362,59 +395,40 @@ impl NbdServer {
         }
     }
 
-    /// Serves requests until DISC, a broken stream or a protocol violation.
-    /// The reader hands each request to the connection's batcher thread,
-    /// which runs whatever has queued up together (see [`Self::batch_loop`])
-    /// and hands the replies to the writer task.
-    async fn transmission<R, W>(
-        self: Arc<Self>,
-        mut rd: R,
-        mut wr: W,
-        session: Session,
-    ) -> Result<()>
-    where
-        R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
+    /// Serves requests until DISC, a broken stream or a protocol violation,
+    /// on blocking threads (the cluster client blocks): this one reads
+    /// requests and queues them; the connection's [`BATCHERS`] batchers run
+    /// whatever has queued up together (see [`Self::batch_loop`]) and write
+    /// its replies themselves, out of order. A request costs one hand-off
+    /// (reader to batcher) and the batch's replies one write.
+    fn transmission(self: &Arc<Self>, sock: &Socket, session: Session) -> Result<()> {
         let session = Arc::new(session);
-        // Replies travel with their requests' permits, so a client that does
-        // not read its replies stops the reader after MAX_IN_FLIGHT requests.
-        let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
-        let writer = tokio::spawn(async move {
-            while let Some((buf, permit)) = rx.recv().await {
-                let failed = wr.write_all(&buf).await.is_err();
-                drop(permit);
-                if failed {
-                    return;
-                }
-            }
-            let _ = wr.flush().await;
-            let _ = wr.shutdown().await;
+        // A client that reads no reply for this long is disconnected, so
+        // that it cannot hold the batchers (and its requests' memory).
+        sock.set_write_timeout(Some(REPLY_TIMEOUT))?;
+        let out = Arc::new(Replies {
+            sock: Mutex::new(sock.try_clone()?),
+            broken: std::sync::atomic::AtomicBool::new(false),
         });
-        let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
-        // Own threads, not tokio's blocking pool: they live as long as the
-        // connection, and the pool must stay free for short jobs.
+        // At most MAX_IN_FLIGHT requests wait for a batcher; then the
+        // reader stops reading, so a client that does not read its
+        // replies stops being read too.
+        let (jobs, queued) = crossbeam_channel::bounded::<Job>(MAX_IN_FLIGHT);
         let mut batchers = Vec::with_capacity(BATCHERS);
         for _ in 0..BATCHERS {
-            let (this, session) = (self.clone(), session.clone());
-            let (queued, tx) = (queued.clone(), tx.clone());
+            let (session, queued, out) = (session.clone(), queued.clone(), out.clone());
+            let this = self.clone();
             batchers.push(
                 std::thread::Builder::new()
                     .name("ls-nbd-batch".into())
-                    .spawn(move || this.batch_loop(&session, queued, tx))?,
+                    .spawn(move || this.batch_loop(&session, queued, &out))?,
             );
         }
-        drop(tx);
-        let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-        let mut stop = self.stop.subscribe();
+        let mut rd = std::io::BufReader::with_capacity(READ_BUFFER, sock);
         let outcome = loop {
             let mut header = [0u8; REQUEST_LEN];
-            let read = tokio::select! {
-                r = rd.read_exact(&mut header) => r,
-                _ = stop.wait_for(|s| *s) => break Ok(()),
-            };
-            match read {
-                Ok(_) => {}
+            match rd.read_exact(&mut header) {
+                Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
                 Err(e) => break Err(e.into()),
             }
@@ -427,50 +441,40 @@ impl NbdServer {
             if req.kind == cmd::WRITE && req.length > MAX_PAYLOAD {
                 break Err(NbdError::Protocol(format!("WRITE of {} bytes", req.length)));
             }
-            // The slot first, then the payload: at most MAX_IN_FLIGHT
-            // requests' payloads are held per connection.
-            let Ok(permit) = limit.clone().acquire_owned().await else {
-                break Ok(());
-            };
             let payload = if req.kind == cmd::WRITE {
-                match read_payload(&mut rd, req.length as usize).await {
+                match read_payload(&mut rd, req.length as usize) {
                     Ok(p) => p,
                     Err(e) => break Err(e.into()),
                 }
             } else {
                 Vec::new()
             };
+            if out.broken.load(Ordering::Acquire) {
+                break Ok(());
+            }
             let slot = InFlight::new(&self.in_flight);
-            if jobs.send((req, payload, permit, slot)).is_err() {
+            if jobs.send((req, payload, slot)).is_err() {
                 break Ok(());
             }
         };
-        // DISC, end of stream or shutdown: the batchers finish what is
-        // queued, then the writer sends the last replies and closes.
+        // DISC, end of stream, shutdown or a broken reply stream: the
+        // batchers finish what is queued, then the connection closes.
         drop(jobs);
-        let _ = tokio::task::spawn_blocking(move || {
-            for b in batchers {
-                let _ = b.join();
-            }
-        })
-        .await;
-        let _ = writer.await;
+        for b in batchers {
+            let _ = b.join();
+        }
+        let _ = out.sock.lock().shutdown(std::net::Shutdown::Both);
         outcome
     }
 
     /// One of the connection's [`BATCHERS`] batchers: takes the first queued
     /// request, then others already queued while the batch holds less than
-    /// [`MAX_BATCH_BYTES`], runs them as one batch and sends the replies.
+    /// [`MAX_BATCH_BYTES`], runs them as one batch and writes the replies.
     /// Under load a batch holds many small requests, so many reads become
     /// one multi-get and many writes one cluster write (the cluster round
     /// trips per request drop with the depth), while large requests keep
     /// the batchers working in parallel.
-    fn batch_loop(
-        &self,
-        s: &Session,
-        queued: crossbeam_channel::Receiver<Job>,
-        replies: mpsc::Sender<Reply>,
-    ) {
+    fn batch_loop(&self, s: &Session, queued: crossbeam_channel::Receiver<Job>, out: &Replies) {
         while let Ok(first) = queued.recv() {
             let mut bytes = first.1.len().max(first.0.length as usize);
             let mut batch = vec![first];
@@ -483,9 +487,12 @@ impl NbdServer {
                     Err(_) => break,
                 }
             }
-            // A panic must not leave requests without replies and slots
-            // taken: answer the batch with EIO then.
-            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if out.broken.load(Ordering::Acquire) {
+                continue; // nobody to answer: drop the requests
+            }
+            // A panic must not leave requests without replies: answer the
+            // batch with EIO then.
+            let replies = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.execute_batch(s, &batch)
             }))
             .unwrap_or_else(|_| {
@@ -495,12 +502,7 @@ impl NbdServer {
                     .map(|j| proto::simple_reply(errno::EIO, j.0.handle))
                     .collect()
             });
-            for (r, (_, _, permit, slot)) in out.into_iter().zip(batch) {
-                drop(slot);
-                if replies.blocking_send((r, permit)).is_err() {
-                    break;
-                }
-            }
+            out.send(&replies);
         }
     }
 
@@ -514,7 +516,7 @@ impl NbdServer {
         let began = std::time::Instant::now();
         let mut replies: Vec<Option<Vec<u8>>> = vec![None; batch.len()];
         let mut ops: Vec<Option<Op<'_>>> = Vec::with_capacity(batch.len());
-        for (i, (req, payload, _, _)) in batch.iter().enumerate() {
+        for (i, (req, payload, _)) in batch.iter().enumerate() {
             self.stats.requests[stat_index(req.kind)].fetch_add(1, Ordering::Relaxed);
             match self.validate(s, req, payload) {
                 Ok(op) => ops.push(Some(op)),
@@ -622,13 +624,13 @@ impl NbdServer {
             replies[i] = Some(r.unwrap_or_else(|e| self.error_reply(s, &batch[i].0, e)));
         }
         let per = began.elapsed().as_micros() as u64 / batch.len().max(1) as u64;
-        for (req, _, _, _) in batch {
+        for (req, _, _) in batch {
             self.stats.micros[stat_index(req.kind)].fetch_add(per, Ordering::Relaxed);
         }
         replies
             .into_iter()
             .zip(batch)
-            .map(|(r, (req, _, _, _))| {
+            .map(|(r, (req, _, _))| {
                 r.unwrap_or_else(|| proto::simple_reply(errno::EIO, req.handle))
             })
             .collect()
@@ -776,15 +778,39 @@ impl NbdServer {
 /// A request waiting for a batcher: header, WRITE payload, its slot among
 /// the connection's requests (released once its reply is written) and its
 /// count in the server's requests in flight.
-type Job = (
-    Request,
-    Vec<u8>,
-    tokio::sync::OwnedSemaphorePermit,
-    InFlight,
-);
+type Job = (Request, Vec<u8>, InFlight);
 
-/// An encoded reply and the slot of its request.
-type Reply = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
+/// Where a connection's batchers write their replies.
+struct Replies {
+    sock: Mutex<Socket>,
+    /// Set when a write failed: the connection is done.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl Replies {
+    /// Writes `replies` in one go (one system call while the socket takes
+    /// them). A failed or timed-out write breaks the connection: both
+    /// directions are shut, so the reader stops too.
+    fn send(&self, replies: &[Vec<u8>]) {
+        let mut slices: Vec<IoSlice<'_>> = replies.iter().map(|r| IoSlice::new(r)).collect();
+        let mut bufs = &mut slices[..];
+        let sock = self.sock.lock();
+        while !bufs.is_empty() && !self.broken.load(Ordering::Acquire) {
+            match sock.send_vectored(bufs) {
+                Ok(0) => self.break_off(&sock, "the client stopped taking replies".into()),
+                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => self.break_off(&sock, e.to_string()),
+            }
+        }
+    }
+
+    fn break_off(&self, sock: &Socket, why: String) {
+        tracing::debug!(error = %why, "writing replies failed; closing the connection");
+        self.broken.store(true, Ordering::Release);
+        let _ = sock.shutdown(std::net::Shutdown::Both);
+    }
+}
 
 /// One request counted in [`NbdServer::in_flight`] until dropped.
 struct InFlight(Arc<AtomicU64>);
@@ -807,6 +833,34 @@ impl Drop for InFlight {
 const MAX_BATCH_BYTES: usize = 1 << 20;
 /// Batchers per connection.
 const BATCHERS: usize = 4;
+/// Bytes the reader takes from the socket per read call, at most (many
+/// small requests arrive in one).
+const READ_BUFFER: usize = 256 << 10;
+/// A client that takes no reply bytes for this long is disconnected.
+const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A stream whose transmission phase the connection's blocking threads
+/// serve: the runtime's TCP and Unix sockets.
+pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The socket, out of the runtime, in blocking mode.
+    fn into_socket(self) -> std::io::Result<Socket>;
+}
+
+impl Transport for tokio::net::TcpStream {
+    fn into_socket(self) -> std::io::Result<Socket> {
+        let s = self.into_std()?;
+        s.set_nonblocking(false)?;
+        Ok(s.into())
+    }
+}
+
+impl Transport for tokio::net::UnixStream {
+    fn into_socket(self) -> std::io::Result<Socket> {
+        let s = self.into_std()?;
+        s.set_nonblocking(false)?;
+        Ok(s.into())
+    }
+}
 
 /// What a valid request does.
 enum Op<'a> {
@@ -836,13 +890,11 @@ fn stat_index(kind: u16) -> usize {
 
 /// Reads a WRITE's `len` payload bytes into a buffer that is not zeroed
 /// first.
-async fn read_payload<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
+fn read_payload(rd: &mut impl Read, len: usize) -> std::io::Result<Vec<u8>> {
     let mut p = Vec::with_capacity(len);
-    while p.len() < len {
-        let left = (len - p.len()) as u64;
-        if (&mut *rd).take(left).read_buf(&mut p).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
+    rd.take(len as u64).read_to_end(&mut p)?;
+    if p.len() < len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
     Ok(p)
 }

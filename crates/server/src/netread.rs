@@ -102,26 +102,82 @@ impl NetReads {
     /// instead (all of them when the queue is out of service). The run
     /// shares its time equally among its GETs, as on the pool.
     pub async fn gets(&self, state: &NodeState, keys: &[&[u8]]) -> Vec<Option<(Reply, CallTime)>> {
-        let mut out: Vec<Option<(Reply, CallTime)>> = (0..keys.len()).map(|_| None).collect();
         if self.disabled.load(Ordering::Relaxed) {
-            return out;
+            return (0..keys.len()).map(|_| None).collect();
         }
         let clock = Instant::now();
+        let starts: Vec<Option<GetStart>> = keys.iter().map(|k| state.db.try_get(k).ok()).collect();
+        self.finish(state, starts, clock).await
+    }
+
+    /// Answers `MGET keys` on this thread: the value (or nil) of every key,
+    /// read at one sequence number as the executor's MGET reads them.
+    /// `None` when the executor must answer it instead: some key cannot be
+    /// read without waiting, a read failed, the queue is out of service,
+    /// or the values may add up to more than `max_bytes` (the executor then
+    /// gives the exact answer or the error).
+    pub async fn mget(
+        &self,
+        state: &NodeState,
+        keys: &[&[u8]],
+        max_bytes: usize,
+    ) -> Option<(Reply, CallTime)> {
+        if self.disabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let clock = Instant::now();
+        let starts = state.db.try_get_many(keys).ok()?;
+        let mut bytes = 0usize;
+        for s in &starts {
+            bytes += match s {
+                GetStart::Done(v) => v.as_ref().map_or(0, |v| v.len()),
+                // The read's length bounds the value's.
+                GetStart::Read(_, read) => read.len(),
+                GetStart::Blocking => return None,
+            };
+        }
+        if bytes > max_bytes {
+            return None;
+        }
+        let answers = self
+            .finish(state, starts.into_iter().map(Some).collect(), clock)
+            .await;
+        let mut items = Vec::with_capacity(answers.len());
+        let mut time = CallTime::default();
+        for a in answers {
+            let (reply, t) = a?;
+            items.push(reply);
+            time.total += t.total;
+            time.device += t.device;
+        }
+        Some((Reply::Array(items), time))
+    }
+
+    /// Completes started GETs: answers those done, queues the device reads
+    /// (one submission for all) and waits for them. `None` for a GET that
+    /// could not start or whose read failed.
+    async fn finish(
+        &self,
+        state: &NodeState,
+        starts: Vec<Option<GetStart>>,
+        clock: Instant,
+    ) -> Vec<Option<(Reply, CallTime)>> {
+        let mut out: Vec<Option<(Reply, CallTime)>> = (0..starts.len()).map(|_| None).collect();
         let mut reads = Vec::new(); // (index, pending GET, completion)
         {
             let mut queue = self.queue.lock();
-            for (i, key) in keys.iter().enumerate() {
-                match state.db.try_get(key) {
-                    Ok(GetStart::Done(value)) => {
+            for (i, start) in starts.into_iter().enumerate() {
+                match start {
+                    Some(GetStart::Done(value)) => {
                         out[i] = Some((crate::data::get_reply(value), CallTime::default()));
                     }
-                    Ok(GetStart::Read(pending, read)) => {
+                    Some(GetStart::Read(pending, read)) => {
                         let (tx, rx) = oneshot::channel();
                         if queue.push(read, tx).is_ok() {
                             reads.push((i, pending, rx));
                         }
                     }
-                    Ok(GetStart::Blocking) | Err(_) => {}
+                    Some(GetStart::Blocking) | None => {}
                 }
             }
         }

@@ -231,7 +231,7 @@ impl Drop for Node {
 }
 
 /// A RESP value read back from the node.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Resp {
     Simple(String),
     Error(String),
