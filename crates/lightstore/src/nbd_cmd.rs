@@ -32,7 +32,8 @@ pub struct NbdArgs {
     /// Size of the --export volume when it must be created, e.g. 10G.
     #[arg(long, value_parser = server::parse_size, requires = "export")]
     size: Option<u64>,
-    /// Chunk size of a volume created here (power of two, 4K-4M).
+    /// Chunk size of a volume created here (power of two, 4K-4M; default
+    /// 4K).
     #[arg(long, value_parser = server::parse_size)]
     chunk_size: Option<u64>,
     /// Serve request counters (per command: requests, seconds; bytes,

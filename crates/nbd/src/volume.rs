@@ -19,8 +19,10 @@ use crate::error::{NbdError, Result};
 const META_PREFIX: &[u8] = b"{lightstore:volumes}/";
 /// Prefix of every chunk key.
 const CHUNK_PREFIX: &[u8] = b"blk/";
-/// Default chunk size (see the README's block section for the trade-off).
-pub const DEFAULT_CHUNK_SIZE: u32 = 8 << 10;
+/// Default chunk size: the block size of the file systems and databases
+/// put on a volume, so their writes never read-modify-write (see
+/// `docs/block.md` for the measured trade-off).
+pub const DEFAULT_CHUNK_SIZE: u32 = 4 << 10;
 /// Smallest and largest chunk sizes.
 const MIN_CHUNK: u32 = 4096;
 const MAX_CHUNK: u32 = 4 << 20;
