@@ -67,6 +67,57 @@ impl DirectRead {
     pub fn into_buf(self) -> AlignedBuf {
         self.buf
     }
+
+    /// Device byte offset where it starts.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Device byte offset where it ends.
+    pub fn end(&self) -> u64 {
+        self.offset + self.len as u64
+    }
+
+    /// Whether `other` reads the same device (so one read can cover both).
+    pub fn same_device(&self, other: &DirectRead) -> bool {
+        self.fd == other.fd && Arc::ptr_eq(&self.dev, &other.dev)
+    }
+
+    /// One read of the device bytes from the lowest start to the highest
+    /// end of `reads` (gaps between them included), so that reads of
+    /// neighbouring extents cost one device request; `None` when `reads`
+    /// is empty or they are not all on one device. Their offsets and
+    /// lengths are aligned for direct I/O, so the covering read is too.
+    pub fn covering(reads: &[&DirectRead]) -> Option<DirectRead> {
+        let first = reads.first()?;
+        if !reads.iter().all(|r| r.same_device(first)) {
+            return None;
+        }
+        let start = reads.iter().map(|r| r.offset).min()?;
+        let end = reads.iter().map(|r| r.end()).max()?;
+        let len = usize::try_from(end - start).ok()?;
+        Some(DirectRead::new(
+            Arc::clone(&first.dev),
+            first.fd,
+            start,
+            len,
+        ))
+    }
+
+    /// Completes this read from `cover`, a covering read of it (see
+    /// [`DirectRead::covering`]) that succeeded, as if it had run itself.
+    ///
+    /// # Panics
+    /// If `cover` does not cover this read's extent (a caller's bug).
+    pub fn fill_from(&mut self, cover: &DirectRead) {
+        assert!(
+            self.same_device(cover) && cover.offset <= self.offset && self.end() <= cover.end(),
+            "{self:?} is not inside {cover:?}"
+        );
+        let at = (self.offset - cover.offset) as usize;
+        let len = self.len;
+        self.buf[..len].copy_from_slice(&cover.buf[at..at + len]);
+    }
 }
 
 impl std::fmt::Debug for DirectRead {
@@ -344,6 +395,45 @@ mod tests {
             }
         }
         panic!("only {} of {want} reads completed", out.len());
+    }
+
+    /// Reads of neighbouring and overlapping extents served by one read
+    /// covering them get the bytes each would have read itself.
+    #[test]
+    fn a_covering_read_fills_the_reads_it_covers() {
+        if !crate::io_uring_for_tests() {
+            return; // nothing to test where io_uring is off
+        }
+        let (_dir, store, seg) = file_store();
+        let read = |page: u64, pages: usize| {
+            store
+                .direct_read(seg, page * u64::from(PS), pages * PS as usize)
+                .unwrap()
+                .expect("a file device reads directly")
+        };
+        let mut parts = [read(5, 1), read(2, 2), read(3, 2), read(9, 1)];
+        let refs: Vec<&DirectRead> = parts.iter().collect();
+        let cover = DirectRead::covering(&refs).expect("one device");
+        assert_eq!(
+            (cover.offset(), cover.len()),
+            (parts[1].offset(), 8 * PS as usize)
+        );
+        let mut q: ReadQueue<()> = ReadQueue::new(1).unwrap();
+        q.submit(cover, ()).unwrap();
+        let (_, cover, outcome) = wait_reap(&mut q, 1).pop().expect("one read");
+        outcome.unwrap();
+        for part in &mut parts {
+            part.fill_from(&cover);
+        }
+        for (part, first) in parts.into_iter().zip([5u8, 2, 3, 9]) {
+            let len = part.len();
+            let buf = part.into_buf();
+            let want: Vec<u8> = (0..len / PS as usize)
+                .flat_map(|p| vec![first + p as u8; PS as usize])
+                .collect();
+            assert!(buf[..len] == want[..], "page {first}");
+        }
+        assert!(DirectRead::covering(&[]).is_none());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::flash::{DirectRead, ReadQueue};
-use engine::GetStart;
+use engine::{GetStart, PendingGet};
 use parking_lot::Mutex;
 use protocol::Reply;
 use tokio::io::unix::AsyncFd;
@@ -154,8 +154,9 @@ impl NetReads {
     }
 
     /// Completes started GETs: answers those done, queues the device reads
-    /// (one submission for all) and waits for them. `None` for a GET that
-    /// could not start or whose read failed.
+    /// (neighbouring extents as one read, all with one submission) and
+    /// waits for them. `None` for a GET that could not start or whose read
+    /// failed.
     async fn finish(
         &self,
         state: &NodeState,
@@ -163,34 +164,64 @@ impl NetReads {
         clock: Instant,
     ) -> Vec<Option<(Reply, CallTime)>> {
         let mut out: Vec<Option<(Reply, CallTime)>> = (0..starts.len()).map(|_| None).collect();
-        let mut reads = Vec::new(); // (index, pending GET, completion)
+        let mut reads: Vec<Member> = Vec::new();
+        for (i, start) in starts.into_iter().enumerate() {
+            match start {
+                Some(GetStart::Done(value)) => {
+                    out[i] = Some((crate::data::get_reply(value), CallTime::default()));
+                }
+                Some(GetStart::Read(pending, read)) => reads.push((i, pending, read)),
+                Some(GetStart::Blocking) | None => {}
+            }
+        }
+        let mut waits = Vec::new();
         {
             let mut queue = self.queue.lock();
-            for (i, start) in starts.into_iter().enumerate() {
-                match start {
-                    Some(GetStart::Done(value)) => {
-                        out[i] = Some((crate::data::get_reply(value), CallTime::default()));
-                    }
-                    Some(GetStart::Read(pending, read)) => {
-                        let (tx, rx) = oneshot::channel();
+            for mut group in neighbours(reads) {
+                let (tx, rx) = oneshot::channel();
+                if group.len() == 1 {
+                    if let Some((i, pending, read)) = group.pop() {
                         if queue.push(read, tx).is_ok() {
-                            reads.push((i, pending, rx));
+                            waits.push(Wait::One(i, pending, rx));
                         }
                     }
-                    Some(GetStart::Blocking) | None => {}
+                    continue;
+                }
+                let parts: Vec<&DirectRead> = group.iter().map(|(_, _, r)| r).collect();
+                if let Some(cover) = DirectRead::covering(&parts) {
+                    if queue.push(cover, tx).is_ok() {
+                        waits.push(Wait::Group(group, rx));
+                    }
                 }
             }
         }
         let io = Instant::now();
-        if !reads.is_empty() {
+        if !waits.is_empty() {
             self.queued.notify_one();
         }
-        for (i, pending, rx) in reads {
-            let Ok((read, outcome)) = rx.await else {
-                continue;
-            };
-            if let Some(value) = state.db.finish_get(pending, read, outcome) {
-                out[i] = Some((Reply::Bulk(value), CallTime::default()));
+        for wait in waits {
+            match wait {
+                Wait::One(i, pending, rx) => {
+                    let Ok((read, outcome)) = rx.await else {
+                        continue;
+                    };
+                    if let Some(value) = state.db.finish_get(pending, read, outcome) {
+                        out[i] = Some((Reply::Bulk(value), CallTime::default()));
+                    }
+                }
+                Wait::Group(group, rx) => {
+                    // A failed read leaves its GETs to the pool, which
+                    // retries them and reports a real error.
+                    let Ok((cover, Ok(()))) = rx.await else {
+                        continue;
+                    };
+                    for (i, pending, mut part) in group {
+                        part.fill_from(&cover);
+                        if let Some(value) = state.db.finish_get(pending, part, Ok(())) {
+                            out[i] = Some((Reply::Bulk(value), CallTime::default()));
+                        }
+                    }
+                }
             }
         }
         let served = out.iter().filter(|r| r.is_some()).count();
@@ -210,6 +241,52 @@ impl NetReads {
         }
         out
     }
+}
+
+/// A GET waiting for its device read: its index in the request, the
+/// engine's half of it, the read.
+type Member = (usize, PendingGet, DirectRead);
+
+/// A device read in flight and the GETs it serves.
+enum Wait {
+    /// A read of one GET's value.
+    One(usize, PendingGet, oneshot::Receiver<Finished>),
+    /// A read covering several GETs' values (see [`neighbours`]).
+    Group(Vec<Member>, oneshot::Receiver<Finished>),
+}
+
+/// Reads whose extents are at most this far apart share one device read.
+const MAX_READ_GAP: u64 = 4096;
+/// Largest device read that serves several GETs.
+const MAX_MERGED_READ: u64 = 256 << 10;
+
+/// `reads` in groups of neighbours on one device, each group to be served
+/// by one read covering it: values written together (the chunks of one
+/// block write, the fields of one record) are read together, as the
+/// executor's multi-get reads them.
+fn neighbours(mut reads: Vec<Member>) -> Vec<Vec<Member>> {
+    reads.sort_by_key(|(_, _, r)| r.offset());
+    let mut groups: Vec<Vec<Member>> = Vec::new();
+    let mut span = (0u64, 0u64); // the last group's start and end
+    for m in reads {
+        let (a, z) = (m.2.offset(), m.2.end());
+        let joins = groups.last().is_some_and(|g| {
+            g[0].2.same_device(&m.2)
+                && a <= span.1 + MAX_READ_GAP
+                && z.max(span.1) - span.0 <= MAX_MERGED_READ
+        });
+        match groups.last_mut() {
+            Some(g) if joins => {
+                span.1 = span.1.max(z);
+                g.push(m);
+            }
+            _ => {
+                span = (a, z);
+                groups.push(vec![m]);
+            }
+        }
+    }
+    groups
 }
 
 /// Hands queued reads to the kernel. It runs after the connections that
