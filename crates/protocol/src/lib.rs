@@ -11,10 +11,12 @@ mod error;
 mod parse;
 mod reply;
 pub mod versioned;
+mod wire;
 
 pub use decode::{
     decode_reply, encode_request, ReplyError, MAX_REPLY_BULK, MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS,
 };
 pub use error::ProtocolError;
 pub use parse::{Limits, RequestParser, ARG_OVERHEAD};
-pub use reply::{Reply, RespVersion};
+pub use reply::{Reply, RespVersion, Sink};
+pub use wire::Wire;

@@ -2,7 +2,7 @@
 //! `HELLO`). RESP3-only types degrade to their RESP2 equivalents: maps to
 //! flat arrays, nulls to the null bulk string, doubles to bulk strings.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 /// Protocol version of a connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -58,20 +58,24 @@ impl Reply {
     }
 
     /// Appends the encoding of this reply to `out`.
-    pub fn encode(&self, v: RespVersion, out: &mut BytesMut) {
+    pub fn encode(&self, v: RespVersion, out: &mut impl Sink) {
         match self {
             Reply::Simple(s) => line(out, b'+', s.as_bytes()),
             Reply::Status(s) => line(out, b'+', clean(s).as_bytes()),
             Reply::Error(s) => line(out, b'-', clean(s).as_bytes()),
             Reply::Integer(i) => line(out, b':', i.to_string().as_bytes()),
-            Reply::Bulk(b) => bulk(out, b),
+            Reply::Bulk(b) => {
+                line(out, b'$', b.len().to_string().as_bytes());
+                out.put_value(b);
+                out.put(b"\r\n");
+            }
             Reply::Null => match v {
-                RespVersion::V2 => out.put_slice(b"$-1\r\n"),
-                RespVersion::V3 => out.put_slice(b"_\r\n"),
+                RespVersion::V2 => out.put(b"$-1\r\n"),
+                RespVersion::V3 => out.put(b"_\r\n"),
             },
             Reply::NullArray => match v {
-                RespVersion::V2 => out.put_slice(b"*-1\r\n"),
-                RespVersion::V3 => out.put_slice(b"_\r\n"),
+                RespVersion::V2 => out.put(b"*-1\r\n"),
+                RespVersion::V3 => out.put(b"_\r\n"),
             },
             Reply::Array(items) => {
                 line(out, b'*', items.len().to_string().as_bytes());
@@ -108,27 +112,43 @@ impl Reply {
                 RespVersion::V2 => bulk(out, text.as_bytes()),
                 RespVersion::V3 => {
                     line(out, b'=', (text.len() + 4).to_string().as_bytes());
-                    out.put_slice(b"txt:");
-                    out.put_slice(text.as_bytes());
-                    out.put_slice(b"\r\n");
+                    out.put(b"txt:");
+                    out.put(text.as_bytes());
+                    out.put(b"\r\n");
                 }
             },
         }
     }
 }
 
-fn line(out: &mut BytesMut, tag: u8, body: &[u8]) {
-    out.reserve(body.len() + 3);
-    out.put_u8(tag);
-    out.put_slice(body);
-    out.put_slice(b"\r\n");
+/// Where a reply is encoded: a byte buffer, or a [`crate::Wire`] that
+/// keeps large values where they are.
+pub trait Sink {
+    /// Appends `b`.
+    fn put(&mut self, b: &[u8]);
+    /// Appends a bulk string's bytes (a sink may keep a reference instead
+    /// of copying them).
+    fn put_value(&mut self, b: &Bytes) {
+        self.put(b);
+    }
 }
 
-fn bulk(out: &mut BytesMut, b: &[u8]) {
+impl Sink for BytesMut {
+    fn put(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
+fn line(out: &mut impl Sink, tag: u8, body: &[u8]) {
+    out.put(&[tag]);
+    out.put(body);
+    out.put(b"\r\n");
+}
+
+fn bulk(out: &mut impl Sink, b: &[u8]) {
     line(out, b'$', b.len().to_string().as_bytes());
-    out.reserve(b.len() + 2);
-    out.put_slice(b);
-    out.put_slice(b"\r\n");
+    out.put(b);
+    out.put(b"\r\n");
 }
 
 /// Simple strings and errors may not contain CR or LF.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use protocol::{Reply, RequestParser, RespVersion};
+use protocol::{Reply, RequestParser, RespVersion, Wire};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
@@ -27,8 +27,9 @@ use crate::reserved::reserved_key_in_write;
 use crate::session::{noauth, run_local, Outcome, Session};
 use crate::state::{Counters, NodeState};
 
-/// Write buffers larger than this are released after use.
-const KEEP_BUFFER: usize = 1 << 20;
+/// Most pieces of the reply buffer one write hands the kernel (its
+/// `IOV_MAX` is 1024).
+const MAX_WRITE_SLICES: usize = 512;
 /// Longest run of plain SETs the network thread writes itself when the
 /// engine needs no waiting for it (see `data::try_sets_inline`). Longer
 /// runs go to the executor pool, where runs of several connections merge
@@ -83,7 +84,7 @@ where
     let mut session = Session::new(&state);
     let mut parser = RequestParser::new(state.limits);
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
-    let mut wbuf = BytesMut::new();
+    let mut wbuf = Wire::new();
     let mut stop = state.shutdown.subscribe();
     let mut hold = Hold::new(state.request_budget.clone());
     let mut read_room = READ_CHUNK;
@@ -145,14 +146,8 @@ where
             Reply::Error(format!("ERR {e}")).encode(session.resp, &mut wbuf);
             after = After::Close;
         }
-        if !wbuf.is_empty() {
-            if write_reply(&mut stream, &wbuf, &state).await.is_err() {
-                break;
-            }
-            wbuf.clear();
-            if wbuf.capacity() > KEEP_BUFFER {
-                wbuf = BytesMut::new();
-            }
+        if !wbuf.is_empty() && write_reply(&mut stream, &mut wbuf, &state).await.is_err() {
+            break;
         }
         match after {
             After::Continue => {}
@@ -196,7 +191,7 @@ where
             Taken::Stopped => break,
             Taken::No(e) => {
                 e.encode(session.resp, &mut wbuf);
-                let _ = write_reply(&mut stream, &wbuf, &state).await;
+                let _ = write_reply(&mut stream, &mut wbuf, &state).await;
                 break;
             }
         }
@@ -232,7 +227,7 @@ where
                     stall_limit.as_millis()
                 ))
                 .encode(session.resp, &mut wbuf);
-                let _ = write_reply(&mut stream, &wbuf, &state).await;
+                let _ = write_reply(&mut stream, &mut wbuf, &state).await;
                 break;
             }
             _ = stop.changed() => break,
@@ -258,15 +253,15 @@ struct Timing {
 /// `reply_timeouts`). A client reading slowly but steadily is not.
 async fn write_reply<S: AsyncWrite + Unpin>(
     stream: &mut S,
-    buf: &[u8],
+    wire: &mut Wire,
     state: &NodeState,
 ) -> std::io::Result<()> {
     let limit = Duration::from_millis(state.config.reply_timeout_ms);
-    let mut done = 0;
-    while done < buf.len() {
-        match tokio::time::timeout(limit, stream.write(&buf[done..])).await {
+    while !wire.is_empty() {
+        let slices = wire.slices(MAX_WRITE_SLICES);
+        match tokio::time::timeout(limit, stream.write_vectored(&slices)).await {
             Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(Ok(n)) => done += n,
+            Ok(Ok(n)) => wire.advance(n),
             Ok(Err(e)) => return Err(e),
             Err(_) => {
                 Counters::bump(&state.counters.reply_timeouts);
@@ -291,7 +286,7 @@ async fn run_batch<S: AsyncWrite + Unpin>(
     session: &mut Session,
     batch: Vec<Vec<Bytes>>,
     parse: Duration,
-    out: &mut BytesMut,
+    out: &mut Wire,
     stream: &mut S,
     (hold, idle): (&mut Hold, usize),
 ) -> After {
@@ -405,7 +400,6 @@ async fn run_batch<S: AsyncWrite + Unpin>(
             out.clear();
             return After::Close;
         }
-        out.clear();
         jobs = rest;
     }
     record(
