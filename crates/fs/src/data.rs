@@ -60,7 +60,11 @@ impl FileSystem {
             return Ok(());
         }
         self.writable()?;
-        let _data = self.data_lock(ino);
+        let first = offset / self.chunk;
+        let last = (end - 1) / self.chunk;
+        // Other chunks of the file may be written meanwhile; the size is
+        // read under the locks, after any write to these chunks finished.
+        let _locks = self.write_locks(ino, first, last);
         let i = self.inode(ino)?;
         if i.kind == Kind::Dir {
             return posix(libc::EISDIR);
@@ -70,8 +74,6 @@ impl FileSystem {
         self.settle()?;
         self.mark_growing(ino, end)?;
         let size = i.size;
-        let first = offset / self.chunk;
-        let last = (end - 1) / self.chunk;
         // Chunks this write covers only in part, holding bytes to keep.
         let partial: Vec<u64> = [first, last]
             .into_iter()

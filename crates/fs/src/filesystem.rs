@@ -5,16 +5,19 @@
 //! contents); `fuse.rs` serves them to the kernel. Everything here works on
 //! any [`Store`], so it is tested against the in-memory model.
 //!
-//! Locks, in order: `ns` (held by every change of metadata, store and
-//! cache, for its whole read-modify-write) → a data stripe (`data_lock`,
-//! one file's chunk read-modify-writes) is taken *before* `ns` by writers
-//! that need both → `cache` and `inos` (short, never across store I/O).
+//! Locks, in order: a file's data stripe (`data_lock`: exclusive for a
+//! truncation or fallocate, shared for writes) → the chunk stripes of a
+//! write's chunks (`chunk_locks`, ascending, one read-modify-write of a
+//! chunk at a time) → `ns` (held by every change of metadata, store and
+//! cache, for its whole read-modify-write) → `cache` and `inos` (short,
+//! never across store I/O). Writes to different chunks of one file run in
+//! parallel.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use client::Store;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cache::{DentryCache, InodeCache};
 use crate::error::{posix, FsError, Result};
@@ -27,6 +30,21 @@ use crate::writebehind::{write_ops, Change, WriteBehind};
 const INO_BATCH: u64 = 1024;
 /// Stripes of the per-file data locks.
 const DATA_STRIPES: usize = 64;
+/// Stripes of the per-chunk locks of writes.
+const CHUNK_STRIPES: usize = 1024;
+
+/// The stripe of chunk `c` of `ino` among the chunk locks: consecutive
+/// chunks of a file take consecutive stripes (so a write of up to
+/// [`CHUNK_STRIPES`] chunks never takes one twice), files start apart.
+fn chunk_stripe(ino: u64, c: u64) -> usize {
+    (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(c) % CHUNK_STRIPES as u64) as usize
+}
+
+/// What a write holds (see [`FileSystem::write_locks`]).
+pub(crate) struct WriteLocks<'a> {
+    _file: RwLockReadGuard<'a, ()>,
+    _chunks: Vec<MutexGuard<'a, ()>>,
+}
 
 /// A mounted (or model-tested) file system.
 pub struct FileSystem {
@@ -43,7 +61,10 @@ pub struct FileSystem {
     /// the last is gone, so a write-back the kernel sends after close still
     /// finds its inode.
     pins: Mutex<HashMap<u64, u64>>,
-    data_locks: Vec<Mutex<()>>,
+    /// Per-file data locks, striped (see the module doc).
+    data_locks: Vec<RwLock<()>>,
+    /// Per-chunk locks of writes, striped.
+    chunk_locks: Vec<Mutex<()>>,
     /// Unlinked inodes for the background reclaimer, once started.
     reclaim_queue: Mutex<Option<crossbeam_channel::Sender<u64>>>,
     capacity: Mutex<Option<(std::time::Instant, Option<client::Capacity>)>>,
@@ -200,7 +221,8 @@ impl FileSystem {
             dentries: Mutex::new(DentryCache::default()),
             inos: Mutex::new((0, 0)),
             pins: Mutex::new(HashMap::new()),
-            data_locks: (0..DATA_STRIPES).map(|_| Mutex::new(())).collect(),
+            data_locks: (0..DATA_STRIPES).map(|_| RwLock::new(())).collect(),
+            chunk_locks: (0..CHUNK_STRIPES).map(|_| Mutex::new(())).collect(),
             reclaim_queue: Mutex::new(None),
             capacity: Mutex::new(None),
             fence: Mutex::new(None),
@@ -331,9 +353,33 @@ impl FileSystem {
         Ok(ino)
     }
 
-    /// The lock serializing chunk read-modify-writes of `ino`.
-    pub(crate) fn data_lock(&self, ino: u64) -> MutexGuard<'_, ()> {
-        self.data_locks[(ino % DATA_STRIPES as u64) as usize].lock()
+    /// The lock that keeps every write of `ino` out (a truncation or an
+    /// fallocate changes which chunks exist).
+    pub(crate) fn data_lock(&self, ino: u64) -> RwLockWriteGuard<'_, ()> {
+        self.data_locks[(ino % DATA_STRIPES as u64) as usize].write()
+    }
+
+    /// The locks a write of chunks `first..=last` of `ino` holds: the
+    /// file's data stripe shared, then the chunks' stripes in ascending
+    /// order, so writes to other chunks of the file run at the same time.
+    pub(crate) fn write_locks(&self, ino: u64, first: u64, last: u64) -> WriteLocks<'_> {
+        let file = self.data_locks[(ino % DATA_STRIPES as u64) as usize].read();
+        // A write of more chunks than there are stripes takes them all.
+        let mut stripes: Vec<usize> = if last - first >= CHUNK_STRIPES as u64 {
+            (0..CHUNK_STRIPES).collect()
+        } else {
+            (first..=last).map(|c| chunk_stripe(ino, c)).collect()
+        };
+        stripes.sort_unstable();
+        stripes.dedup();
+        let chunks = stripes
+            .into_iter()
+            .map(|i| self.chunk_locks[i].lock())
+            .collect();
+        WriteLocks {
+            _file: file,
+            _chunks: chunks,
+        }
     }
 
     /// Writes `ino` back if it changed since stored (size and times after

@@ -159,6 +159,43 @@ fn an_unlinked_file_the_kernel_still_knows_is_reclaimed_at_forget() {
     assert!(store.len() < before);
 }
 
+/// Writers on one file run at the same time, some on the same chunks,
+/// some growing the file: every byte ends as one of the writes left it,
+/// in the order each chunk's writes ran, and the size is the furthest end.
+#[test]
+fn concurrent_writes_to_one_file_lose_nothing() {
+    let (_s, fs, _) = new_fs(4096);
+    let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("create");
+    const WRITERS: u64 = 6;
+    const ROUNDS: u64 = 200;
+    // Writer w owns bytes w*100..w*100+100 of every 1000-byte stride: its
+    // writes share chunks with the others' but never bytes.
+    std::thread::scope(|scope| {
+        for w in 0..WRITERS {
+            let fs = &fs;
+            scope.spawn(move || {
+                for r in 0..ROUNDS {
+                    let stride = (r * 7 + w) % ROUNDS;
+                    let at = stride * 1000 + w * 100;
+                    fs.write(f.ino, at, &[w as u8 + 1; 100]).expect("write");
+                }
+            });
+        }
+    });
+    let size = fs.inode(f.ino).expect("inode").size;
+    assert_eq!(size, (ROUNDS - 1) * 1000 + (WRITERS - 1) * 100 + 100);
+    let data = fs.read(f.ino, 0, size as u32).expect("read");
+    for (i, &b) in data.iter().enumerate() {
+        let (within, owner) = (i as u64 % 1000, i as u64 % 1000 / 100);
+        let want = if within < WRITERS * 100 {
+            owner as u8 + 1
+        } else {
+            0
+        };
+        assert_eq!(b, want, "byte {i}");
+    }
+}
+
 #[test]
 fn sparse_files_and_truncation_read_zeros() {
     let (_s, fs, _) = new_fs(4096);
