@@ -107,10 +107,14 @@ pub struct Conn {
     /// Bytes received and not parsed yet. Replies are sliced out of it
     /// without copying, so it is often shared with replies handed out.
     pending: Bytes,
+    /// How much the next read makes room for (see [`Conn::read_room`]).
+    room: usize,
 }
 
 /// Bytes read from the socket per read call, at most.
 const READ_CHUNK: usize = 256 * 1024;
+/// Bytes read from the socket per read call, at least.
+const MIN_READ: usize = 16 * 1024;
 /// Arguments at least this long are sent from where they are (a vectored
 /// write), shorter ones are copied next to their headers.
 const BORROW_ARG: usize = 1024;
@@ -128,6 +132,7 @@ impl Conn {
             node: node.to_string(),
             timeout,
             pending: Bytes::new(),
+            room: MIN_READ,
         };
         if let Some(pw) = password {
             conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;
@@ -278,8 +283,19 @@ impl Conn {
             let mut buf = std::mem::take(&mut self.pending)
                 .try_into_mut()
                 .unwrap_or_else(|b| BytesMut::from(&b[..]));
-            buf.reserve(READ_CHUNK);
+            let room = self.read_room(buf.len());
+            buf.reserve(room);
             let got = read_into_spare(&mut self.stream, &mut buf);
+            if let Ok(n) = got {
+                // Reads that fill their room ask for more next time; small
+                // replies keep buffers small (a fresh buffer per read when
+                // replies hold the last one).
+                self.room = if n >= room {
+                    (room * 2).min(READ_CHUNK)
+                } else {
+                    MIN_READ
+                };
+            }
             self.pending = buf.freeze();
             match got {
                 Ok(0) => return Err(self.io(ErrorKind::UnexpectedEof.into())),
@@ -291,6 +307,13 @@ impl Conn {
                 Err(e) => return Err(self.io(e)),
             }
         }
+    }
+
+    /// Room to make for the next read when `pending` bytes of a reply are
+    /// held: as much as is pending (a large reply's buffer doubles, rather
+    /// than growing by small steps), at least what the last reads asked.
+    fn read_room(&self, pending: usize) -> usize {
+        pending.max(self.room).clamp(MIN_READ, READ_CHUNK)
     }
 
     fn io(&self, source: std::io::Error) -> ClientError {
