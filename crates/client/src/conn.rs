@@ -55,7 +55,6 @@ impl Stream {
     /// Writes every byte of `bufs`, in as few system calls as the kernel
     /// allows.
     fn write_all_vectored(&mut self, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-        IoSlice::advance_slices(&mut bufs, 0);
         while !bufs.is_empty() {
             match self.write_vectored(bufs) {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
