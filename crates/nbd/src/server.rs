@@ -1,9 +1,11 @@
 //! The NBD server: the fixed newstyle handshake, then transmission, on TCP
 //! and Unix sockets, every volume of the cluster an export by name.
 //!
-//! A connection's requests run concurrently (up to [`MAX_IN_FLIGHT`] at
-//! once) on blocking threads, since the cluster client blocks; replies go
-//! out as each finishes, out of order, through one writer task.
+//! The handshake runs on the async runtime; then each connection gets its
+//! own blocking threads, since the cluster client blocks: a reader that
+//! queues requests (at most [`MAX_IN_FLIGHT`] waiting) and [`BATCHERS`]
+//! batchers that run what has queued in batches and write each batch's
+//! replies themselves, out of order.
 //!
 //! `CAN_MULTI_CONN` is advertised because it holds: every connection to an
 //! export in this process shares one [`Blocks`] (so one set of chunk locks)
@@ -14,13 +16,12 @@
 //! nodes acknowledged durable, whichever connection sent it.
 
 use std::collections::HashMap;
+use std::io::{IoSlice, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use client::Store;
 use parking_lot::Mutex;
-use std::io::{IoSlice, Read};
-
 use socket2::Socket;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -29,7 +30,8 @@ use crate::error::{errno, NbdError, Result};
 use crate::proto::{self, cflag, chunk, cmd, opt, rep, tflag, Request, REQUEST_LEN};
 use crate::volume;
 
-/// Requests of one connection running at once.
+/// Requests of one connection waiting for a batcher, at most; the reader
+/// stops reading while that many wait. A batch takes at most as many.
 pub const MAX_IN_FLIGHT: usize = 64;
 /// Largest READ or WRITE payload (the protocol's interoperable maximum).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
