@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use protocol::{decode_reply, Reply};
+use protocol::{decode_reply, encode_request, Reply, RequestSink};
 
 use crate::error::{ClientError, Result};
 
@@ -67,15 +67,53 @@ impl Stream {
     }
 }
 
-/// A piece of an encoded request: `head[a..b]`, or an argument as is.
+/// Requests encoded for one vectored write: RESP framing and short
+/// arguments copied into `head`, arguments of [`BORROW_ARG`] bytes or more
+/// written from where they lie.
+#[derive(Default)]
+struct Outgoing<'a> {
+    head: BytesMut,
+    /// What to write, in order: `head[a..b]`, or an argument as is.
+    parts: Vec<Part<'a>>,
+    /// Where the part of `head` not yet in `parts` starts.
+    from: usize,
+}
+
 enum Part<'a> {
     Head(usize, usize),
     Arg(&'a [u8]),
 }
 
-fn put_decimal(out: &mut BytesMut, n: usize) {
-    out.extend_from_slice(n.to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+impl<'a> RequestSink<'a> for Outgoing<'a> {
+    fn put(&mut self, b: &[u8]) {
+        self.head.extend_from_slice(b);
+    }
+
+    fn put_arg(&mut self, arg: &'a [u8]) {
+        if arg.len() < BORROW_ARG {
+            return self.put(arg);
+        }
+        self.parts.push(Part::Head(self.from, self.head.len()));
+        self.parts.push(Part::Arg(arg));
+        self.from = self.head.len();
+    }
+}
+
+impl Outgoing<'_> {
+    /// Everything encoded, as slices to write in order.
+    fn slices(&mut self) -> Vec<IoSlice<'_>> {
+        self.parts.push(Part::Head(self.from, self.head.len()));
+        self.from = self.head.len();
+        let head = &self.head;
+        self.parts
+            .iter()
+            .map(|p| match *p {
+                Part::Head(a, b) => IoSlice::new(&head[a..b]),
+                Part::Arg(a) => IoSlice::new(a),
+            })
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
 }
 
 /// Reads once from `stream` into the spare capacity of `buf` (at most
@@ -192,39 +230,11 @@ impl Conn {
     /// reads them later, so the caller can work while the node does.
     /// Long arguments (values) are written from where they lie, not copied.
     pub fn send<R: AsRef<[A]>, A: AsRef<[u8]>>(&mut self, reqs: &[R]) -> Result<()> {
-        // RESP headers and short arguments go into `head`; `parts` lists
-        // what to write in order: a range of `head` or a long argument.
-        let mut head = BytesMut::new();
-        let mut parts: Vec<Part<'_>> = Vec::new();
-        let mut from = 0;
+        let mut out = Outgoing::default();
         for r in reqs {
-            let args = r.as_ref();
-            head.reserve(16 + args.len() * 24);
-            head.put_u8(b'*');
-            put_decimal(&mut head, args.len());
-            for a in args {
-                let a = a.as_ref();
-                head.put_u8(b'$');
-                put_decimal(&mut head, a.len());
-                if a.len() >= BORROW_ARG {
-                    parts.push(Part::Head(from, head.len()));
-                    parts.push(Part::Arg(a));
-                    from = head.len();
-                } else {
-                    head.extend_from_slice(a);
-                }
-                head.extend_from_slice(b"\r\n");
-            }
+            encode_request(r.as_ref(), &mut out);
         }
-        parts.push(Part::Head(from, head.len()));
-        let mut slices: Vec<IoSlice<'_>> = parts
-            .iter()
-            .map(|p| match *p {
-                Part::Head(a, b) => IoSlice::new(&head[a..b]),
-                Part::Arg(a) => IoSlice::new(a),
-            })
-            .filter(|s| !s.is_empty())
-            .collect();
+        let mut slices = out.slices();
         self.stream
             .set_write_timeout(Some(self.timeout))
             .map_err(|e| self.io(e))?;
@@ -333,7 +343,7 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protocol::{encode_request, RespVersion};
+    use protocol::RespVersion;
     use std::os::unix::net::UnixListener;
 
     /// A fake node on a Unix socket: reads `expect` bytes, checks them,

@@ -5,7 +5,7 @@
 //! every length and the nesting depth, so a misbehaving server cannot make a
 //! client allocate without limit or recurse without end.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 use crate::Reply;
 
@@ -21,23 +21,40 @@ pub const MAX_REPLY_DEPTH: usize = 32;
 #[error("malformed reply: {0}")]
 pub struct ReplyError(pub String);
 
-/// Appends `args` as a RESP multibulk request to `out`.
-pub fn encode_request<A: AsRef<[u8]>>(args: &[A], out: &mut BytesMut) {
-    out.put_u8(b'*');
-    put_decimal(out, args.len() as i64);
-    for a in args {
-        let a = a.as_ref();
-        out.reserve(a.len() + 16);
-        out.put_u8(b'$');
-        put_decimal(out, a.len() as i64);
-        out.put_slice(a);
-        out.put_slice(b"\r\n");
+/// Where a request is encoded: a byte buffer, or a writer that keeps long
+/// arguments where they lie (the cluster client's vectored writes).
+pub trait RequestSink<'a> {
+    /// Appends `b` (RESP framing).
+    fn put(&mut self, b: &[u8]);
+    /// Appends an argument's bytes (a sink may keep a reference instead of
+    /// copying them).
+    fn put_arg(&mut self, arg: &'a [u8]) {
+        self.put(arg);
     }
 }
 
-fn put_decimal(out: &mut BytesMut, n: i64) {
-    out.put_slice(n.to_string().as_bytes());
-    out.put_slice(b"\r\n");
+impl RequestSink<'_> for BytesMut {
+    fn put(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
+/// Appends `args` as a RESP multibulk request to `out`.
+pub fn encode_request<'a, A: AsRef<[u8]>>(args: &'a [A], out: &mut impl RequestSink<'a>) {
+    put_header(out, b'*', args.len());
+    for a in args {
+        let a = a.as_ref();
+        put_header(out, b'$', a.len());
+        out.put_arg(a);
+        out.put(b"\r\n");
+    }
+}
+
+/// `tag`, `n` in decimal, CRLF.
+fn put_header<'a>(out: &mut impl RequestSink<'a>, tag: u8, n: usize) {
+    out.put(&[tag]);
+    out.put(n.to_string().as_bytes());
+    out.put(b"\r\n");
 }
 
 /// Decodes one reply from the front of `buf`: `Ok(Some((reply, consumed)))`,
