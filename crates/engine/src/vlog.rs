@@ -29,7 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use flash::{AlignedBuf, DirectRead, FlashStore, SegmentId, READ_ALIGN};
+use flash::{
+    AlignedBuf, DirectRead, FlashStore, SegmentId, MAX_MERGED_READ, MAX_READ_GAP, READ_ALIGN,
+};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
@@ -170,14 +172,6 @@ pub struct ValueLog {
 
 /// Chunk buffers kept for reuse at most.
 const FREE_BUFS: usize = 8;
-
-/// Largest single device read that batched value reads merge neighbouring
-/// records into.
-const MAX_MERGED_READ: u64 = 256 * 1024;
-/// Largest gap between two values that a merged read reads through (the
-/// header, key and alignment pad of the next record): cheaper than a
-/// second device read.
-const MAX_READ_GAP: u64 = 4096;
 
 /// Room an aligned value's `PAD` record may take before its record.
 const MAX_ALIGN_PAD: usize = 2 * VALUE_ALIGN + HEADER_LEN;

@@ -27,6 +27,14 @@ use io_uring::{opcode, types, IoUring, Probe};
 use crate::device::{AlignedBuf, Device};
 use crate::error::{FlashError, Result};
 
+/// Largest single device read that reads of neighbouring extents are
+/// merged into (see [`DirectRead::covering`]).
+pub const MAX_MERGED_READ: u64 = 256 * 1024;
+/// Largest gap between two extents that a merged read reads through (the
+/// header, key and alignment pad of the next record between two values):
+/// cheaper than a second device read.
+pub const MAX_READ_GAP: u64 = 4096;
+
 /// A device read ready to be issued on a [`ReadQueue`].
 pub struct DirectRead {
     /// Keeps the device, and so `fd`, open while the read is in flight.

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::flash::{DirectRead, ReadQueue};
+use engine::flash::{DirectRead, ReadQueue, MAX_MERGED_READ, MAX_READ_GAP};
 use engine::{GetStart, PendingGet};
 use parking_lot::Mutex;
 use protocol::Reply;
@@ -254,11 +254,6 @@ enum Wait {
     /// A read covering several GETs' values (see [`neighbours`]).
     Group(Vec<Member>, oneshot::Receiver<Finished>),
 }
-
-/// Reads whose extents are at most this far apart share one device read.
-const MAX_READ_GAP: u64 = 4096;
-/// Largest device read that serves several GETs.
-const MAX_MERGED_READ: u64 = 256 << 10;
 
 /// `reads` in groups of neighbours on one device, each group to be served
 /// by one read covering it: values written together (the chunks of one
