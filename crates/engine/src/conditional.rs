@@ -64,7 +64,7 @@ impl KeyLocks {
 
 fn key_of(op: &BatchOp) -> &[u8] {
     match op {
-        BatchOp::Put(k, _) | BatchOp::Delete(k) => k,
+        BatchOp::Put(k, _) | BatchOp::PutParts { key: k, .. } | BatchOp::Delete(k) => k,
     }
 }
 
@@ -104,10 +104,7 @@ impl Db {
                 .or_insert_with(|| Current::stored(self, key, None));
             let accept = keep(i, slot)?;
             if accept {
-                slot.set(match op {
-                    BatchOp::Put(_, v) => Some(v.clone()),
-                    BatchOp::Delete(_) => None,
-                });
+                slot.set_written(op);
                 kept.push(op.clone());
             }
             written.push(accept);

@@ -20,7 +20,7 @@ use crate::memtable::Memtable;
 use crate::options::{Durability, Options};
 use crate::record::{FLAG_RELOCATED, KIND_DELETE, KIND_PUT};
 use crate::stats::{Counters, Stats};
-use crate::types::{Entry, Kind, SeqNo, ValuePtr};
+use crate::types::{Entry, Kind, SeqNo, ValueBytes, ValuePtr};
 use crate::version::{ReadCtx, SegmentRef, Version};
 use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 
@@ -59,6 +59,17 @@ pub(crate) enum Wait {
 pub enum BatchOp {
     /// Set `key` to `value`.
     Put(Bytes, Bytes),
+    /// Set `key` to `head` followed by `body`, one value stored without
+    /// first joining the two in memory (a short header before a body the
+    /// caller received).
+    PutParts {
+        /// The key.
+        key: Bytes,
+        /// The value's first bytes.
+        head: Bytes,
+        /// The rest of the value.
+        body: Bytes,
+    },
     /// Delete `key`.
     Delete(Bytes),
 }
@@ -204,12 +215,14 @@ impl Db {
 
     /// Sets `key` to `value`.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.inner.write(&[(KIND_PUT, key, value)])
+        self.inner
+            .write(&[(KIND_PUT, key, ValueBytes::whole(value))])
     }
 
     /// Deletes `key` (no error if absent).
     pub fn delete(&self, key: &[u8]) -> Result<()> {
-        self.inner.write(&[(KIND_DELETE, key, &[][..])])
+        self.inner
+            .write(&[(KIND_DELETE, key, ValueBytes::default())])
     }
 
     /// Applies all operations atomically: after a crash either all or none
@@ -418,17 +431,20 @@ impl Drop for Db {
 }
 
 /// A batch's operations as `(kind, key, value)` log records.
-pub(crate) fn batch_records(ops: &[BatchOp]) -> Vec<(u8, &[u8], &[u8])> {
+pub(crate) fn batch_records(ops: &[BatchOp]) -> Vec<(u8, &[u8], ValueBytes<'_>)> {
     ops.iter()
         .map(|op| match op {
-            BatchOp::Put(k, v) => (KIND_PUT, &k[..], &v[..]),
-            BatchOp::Delete(k) => (KIND_DELETE, &k[..], &[][..]),
+            BatchOp::Put(k, v) => (KIND_PUT, &k[..], ValueBytes::whole(v)),
+            BatchOp::PutParts { key, head, body } => {
+                (KIND_PUT, &key[..], ValueBytes { head, body })
+            }
+            BatchOp::Delete(k) => (KIND_DELETE, &k[..], ValueBytes::default()),
         })
         .collect()
 }
 
 impl DbInner {
-    fn check_sizes(&self, key: &[u8], value: &[u8]) -> Result<()> {
+    fn check_sizes(&self, key: &[u8], value: ValueBytes<'_>) -> Result<()> {
         if key.is_empty() || key.len() > self.opts.max_key_size {
             return Err(Error::KeyTooLarge {
                 len: key.len(),
@@ -444,14 +460,18 @@ impl DbInner {
         Ok(())
     }
 
-    pub(crate) fn write(&self, ops: &[(u8, &[u8], &[u8])]) -> Result<()> {
+    pub(crate) fn write(&self, ops: &[(u8, &[u8], ValueBytes<'_>)]) -> Result<()> {
         self.write_with(ops, Wait::Allowed).map(|_| ())
     }
 
     /// Writes `ops` as one atomic batch. With [`Wait::Never`] it returns
     /// `Ok(false)`, having written nothing, where it would have to wait;
     /// once its records are appended it returns `Ok(true)`.
-    pub(crate) fn write_with(&self, ops: &[(u8, &[u8], &[u8])], wait: Wait) -> Result<bool> {
+    pub(crate) fn write_with(
+        &self,
+        ops: &[(u8, &[u8], ValueBytes<'_>)],
+        wait: Wait,
+    ) -> Result<bool> {
         match self.append_ops(ops, wait)? {
             None => Ok(false),
             Some(lsn) => {
@@ -480,7 +500,11 @@ impl DbInner {
     /// `Some(lsn)` to pass to [`Self::wait_durable`] once the records are
     /// appended (and visible to readers), `None` where [`Wait::Never`]
     /// would have had to wait (nothing written).
-    pub(crate) fn append_ops(&self, ops: &[(u8, &[u8], &[u8])], wait: Wait) -> Result<Option<u64>> {
+    pub(crate) fn append_ops(
+        &self,
+        ops: &[(u8, &[u8], ValueBytes<'_>)],
+        wait: Wait,
+    ) -> Result<Option<u64>> {
         if ops.is_empty() {
             return Ok(Some(0));
         }
@@ -497,7 +521,7 @@ impl DbInner {
         }
         let mut user_bytes = 0u64;
         for (_, k, v) in ops {
-            self.check_sizes(k, v)?;
+            self.check_sizes(k, *v)?;
             user_bytes += (k.len() + v.len()) as u64;
         }
         match wait {
@@ -511,7 +535,7 @@ impl DbInner {
                 kind: *kind,
                 flags: 0,
                 key: k,
-                value: v,
+                value: *v,
                 seq: None,
             })
             .collect();
@@ -530,7 +554,7 @@ impl DbInner {
                     Kind::Delete
                 };
                 let tag = if kind == Kind::Put {
-                    crate::tag::Tagging::of(ops[i].2)
+                    crate::tag::Tagging::of_parts(ops[i].2)
                 } else {
                     crate::tag::Tagging::Unknown
                 };
@@ -594,7 +618,7 @@ impl DbInner {
             kind: KIND_PUT,
             flags: FLAG_RELOCATED,
             key,
-            value,
+            value: ValueBytes::whole(value),
             seq: Some(seq),
         };
         self.vlog.append(&[rec], reserve, |_, seq, ptr| {

@@ -22,7 +22,7 @@
 //! `SEGMENT_HEADER` opens a segment. A record never starts in the last
 //! `HEADER_LEN - 1` bytes of a page; those bytes are implicit padding.
 
-use crate::types::SeqNo;
+use crate::types::{SeqNo, ValueBytes};
 
 /// Bytes of header before the key.
 pub const HEADER_LEN: usize = 20;
@@ -110,14 +110,14 @@ pub fn value_crc(value: &[u8]) -> u32 {
 /// key.len() + value.len()` bytes (the value is copied once, straight into
 /// the log page buffer). Returns the value's own checksum ([`value_crc`]),
 /// which the record's checksum covers in place of the value.
-pub fn encode_into(
+pub(crate) fn encode_into(
     dst: &mut [u8],
     epoch: u64,
     kind: u8,
     flags: u8,
     seq: SeqNo,
     key: &[u8],
-    value: &[u8],
+    value: ValueBytes<'_>,
 ) -> u32 {
     debug_assert_eq!(dst.len(), HEADER_LEN + key.len() + value.len());
     dst[4] = kind;
@@ -127,7 +127,7 @@ pub fn encode_into(
     dst[12..20].copy_from_slice(&seq.to_le_bytes());
     dst[HEADER_LEN..HEADER_LEN + key.len()].copy_from_slice(key);
     let value_at = HEADER_LEN + key.len();
-    dst[value_at..].copy_from_slice(value);
+    value.copy_to(&mut dst[value_at..]);
     let vcrc = value_crc(&dst[value_at..]);
     let crc = record_crc(epoch, &dst[4..value_at], vcrc);
     dst[..4].copy_from_slice(&crc.to_le_bytes());
@@ -285,7 +285,15 @@ mod tests {
     #[test]
     fn roundtrip_and_epoch_seed() {
         let mut buf = vec![0u8; HEADER_LEN + 8];
-        let vcrc = encode_into(&mut buf, 7, KIND_PUT, 0, 42, b"key", b"value");
+        let vcrc = encode_into(
+            &mut buf,
+            7,
+            KIND_PUT,
+            0,
+            42,
+            b"key",
+            ValueBytes::whole(b"value"),
+        );
         assert_eq!(vcrc, value_crc(b"value"));
         assert_eq!(
             u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]),

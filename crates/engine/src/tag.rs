@@ -16,10 +16,10 @@
 
 use bytes::Bytes;
 
-use crate::db::Db;
+use crate::db::{BatchOp, Db};
 use crate::error::Result;
 use crate::record::HEADER_LEN;
-use crate::types::{Entry, Kind};
+use crate::types::{Entry, Kind, ValueBytes};
 
 /// First byte of a value that carries a tag.
 pub const TAG_MAGIC: u8 = 0xF1;
@@ -34,6 +34,15 @@ pub fn tag_of(value: &[u8]) -> Option<Tag> {
         return None;
     }
     Tag::try_from(&value[1..=TAG_LEN]).ok()
+}
+
+/// [`tag_of`] a value in two parts.
+fn tag_of_parts(value: ValueBytes<'_>) -> Option<Tag> {
+    if value.len() <= TAG_LEN {
+        return None;
+    }
+    let first: [u8; 1 + TAG_LEN] = value.prefix()?;
+    tag_of(&first)
 }
 
 /// What an index entry knows of its value's tag.
@@ -53,6 +62,11 @@ impl Tagging {
     /// What `value`'s entry records.
     pub fn of(value: &[u8]) -> Tagging {
         tag_of(value).map_or(Tagging::Untagged, Tagging::Tagged)
+    }
+
+    /// [`Tagging::of`] a value in two parts.
+    pub(crate) fn of_parts(value: ValueBytes<'_>) -> Tagging {
+        tag_of_parts(value).map_or(Tagging::Untagged, Tagging::Tagged)
     }
 }
 
@@ -134,6 +148,9 @@ enum State {
     Stored(ValueMeta),
     /// Read, or written by an earlier operation of the same batch.
     Value(Bytes),
+    /// Written in two parts by an earlier operation of the same batch:
+    /// joined only if the value is asked for.
+    Parts(Bytes, Bytes),
 }
 
 impl<'a> Current<'a> {
@@ -144,6 +161,15 @@ impl<'a> Current<'a> {
 
     pub(crate) fn set(&mut self, value: Option<Bytes>) {
         self.state = value.map_or(State::Absent, State::Value);
+    }
+
+    /// What the key holds once `op` (on this key) is applied.
+    pub(crate) fn set_written(&mut self, op: &BatchOp) {
+        self.state = match op {
+            BatchOp::Put(_, v) => State::Value(v.clone()),
+            BatchOp::PutParts { head, body, .. } => State::Parts(head.clone(), body.clone()),
+            BatchOp::Delete(_) => State::Absent,
+        };
     }
 
     /// Whether the key holds a value.
@@ -158,6 +184,7 @@ impl<'a> Current<'a> {
             State::Absent => Tagging::Unknown,
             State::Stored(m) => m.tag,
             State::Value(v) => Tagging::of(v),
+            State::Parts(head, body) => Tagging::of_parts(ValueBytes { head, body }),
         }
     }
 
@@ -168,14 +195,22 @@ impl<'a> Current<'a> {
             State::Absent => None,
             State::Stored(m) => Some(m.value_len as usize),
             State::Value(v) => Some(v.len()),
+            State::Parts(head, body) => Some(head.len() + body.len()),
         }
     }
 
     /// The value itself, read from the log if not read yet.
     pub fn value(&mut self) -> Result<Option<Bytes>> {
-        if let State::Stored(_) = self.state {
-            let v = self.db.get(self.key)?;
-            self.set(v);
+        match &self.state {
+            State::Stored(_) => {
+                let v = self.db.get(self.key)?;
+                self.set(v);
+            }
+            State::Parts(head, body) => {
+                let v = Bytes::from([&head[..], &body[..]].concat());
+                self.set(Some(v));
+            }
+            _ => {}
         }
         Ok(match &self.state {
             State::Value(v) => Some(v.clone()),

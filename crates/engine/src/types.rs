@@ -34,6 +34,50 @@ impl Kind {
     }
 }
 
+/// The bytes of a value being written, in two parts stored back to back:
+/// `head`, then `body`. A caller that puts a short header (the cluster's
+/// version header) before bytes it received passes both as they are
+/// instead of first joining them into a new buffer; the log copies each
+/// once, into its page buffer. Most values are one part (`head` empty).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ValueBytes<'a> {
+    pub head: &'a [u8],
+    pub body: &'a [u8],
+}
+
+impl<'a> ValueBytes<'a> {
+    /// A value in one part.
+    pub fn whole(value: &'a [u8]) -> Self {
+        ValueBytes {
+            head: &[],
+            body: value,
+        }
+    }
+
+    /// Length of the value: both parts.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    /// Copies the value into `dst`, which must be exactly [`Self::len`]
+    /// bytes.
+    pub fn copy_to(&self, dst: &mut [u8]) {
+        let (head, body) = dst.split_at_mut(self.head.len());
+        head.copy_from_slice(self.head);
+        body.copy_from_slice(self.body);
+    }
+
+    /// The first `N` bytes of the value, or `None` if it is shorter.
+    pub fn prefix<const N: usize>(&self) -> Option<[u8; N]> {
+        let mut out = [0u8; N];
+        let from_head = self.head.len().min(N);
+        out[..from_head].copy_from_slice(&self.head[..from_head]);
+        let rest = N - from_head;
+        out[from_head..].copy_from_slice(self.body.get(..rest)?);
+        Some(out)
+    }
+}
+
 /// Where a value record lives in the value log. `gen` is the segment's erase
 /// count when the record was written: a pointer whose `gen` no longer matches
 /// refers to a segment that was reclaimed and is never followed.

@@ -36,7 +36,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::record::{self, HEADER_LEN, LINK_RECORD_LEN};
-use crate::types::{SeqNo, ValuePtr};
+use crate::types::{SeqNo, ValueBytes, ValuePtr};
 
 /// Flash segment kind tag for value-log segments.
 pub const SEGMENT_KIND_LOG: u8 = 1;
@@ -103,7 +103,7 @@ pub struct LogRecord<'a> {
     /// Key.
     pub key: &'a [u8],
     /// Value (empty for deletes).
-    pub value: &'a [u8],
+    pub value: ValueBytes<'a>,
     /// Keep this sequence number (GC relocation) instead of taking a new one.
     pub seq: Option<SeqNo>,
 }
@@ -296,7 +296,14 @@ impl ValueLog {
             },
         );
         let v = record::link_value(seg, epoch);
-        self.put_record(inner, record::KIND_SEGMENT_HEADER, 0, 0, &[], &v);
+        self.put_record(
+            inner,
+            record::KIND_SEGMENT_HEADER,
+            0,
+            0,
+            &[],
+            ValueBytes::whole(&v),
+        );
         self.note_written(inner, 0);
         self.refresh_on_device(inner);
     }
@@ -329,7 +336,7 @@ impl ValueLog {
         flags: u8,
         seq: SeqNo,
         key: &[u8],
-        value: &[u8],
+        value: ValueBytes<'_>,
     ) -> (u64, u32) {
         self.skip_short_page_tail(inner);
         let offset = inner.buf_offset + inner.buf_len as u64;
@@ -496,7 +503,7 @@ impl ValueLog {
     fn switch_segment(&self, inner: &mut Inner, reserve: Reserve) -> Result<()> {
         let (seg, gen) = self.allocate(reserve)?;
         let v = record::link_value(seg, inner.next_epoch);
-        self.put_record(inner, record::KIND_LINK, 0, 0, &[], &v);
+        self.put_record(inner, record::KIND_LINK, 0, 0, &[], ValueBytes::whole(&v));
         self.note_written(inner, 0);
         self.seal_partial(inner);
         if let Some(m) = self.segs.write().get_mut(&inner.seg) {

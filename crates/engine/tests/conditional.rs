@@ -55,6 +55,35 @@ fn decides_from_the_current_value_and_applies_in_order() {
     assert!(db.write_batch_if(&bad, |_, _| Ok(true)).is_err());
 }
 
+/// A value written in two parts is one value to later operations of the
+/// same batch: its length, and its bytes when asked for.
+#[test]
+fn later_operations_see_a_value_written_in_parts_whole() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    let parts = BatchOp::PutParts {
+        key: Bytes::from_static(b"k"),
+        head: Bytes::from_static(b"head-"),
+        body: Bytes::from_static(b"body"),
+    };
+    let ops = [parts, put("k", b"later")];
+    let mut seen = None;
+    let written = db
+        .write_batch_if(&ops, |i, cur| {
+            if i == 1 {
+                seen = Some((cur.len(), cur.value()?));
+            }
+            Ok(i == 0)
+        })
+        .unwrap();
+    assert_eq!(written, [true, false]);
+    assert_eq!(
+        seen,
+        Some((Some(9), Some(Bytes::from_static(b"head-body"))))
+    );
+    assert_eq!(db.get(b"k").unwrap().as_deref(), Some(&b"head-body"[..]));
+}
+
 /// Many threads write random versions of a few keys, each only if newer
 /// than what the key holds: every key must end at the largest version
 /// written to it. A read-then-write without per-key atomicity loses

@@ -102,6 +102,19 @@ fn index_tags_match_the_values_through_maintenance_and_recovery() {
             if rng.gen_range(0..10) == 0 {
                 db.delete(&k).expect("delete");
                 model.remove(&k);
+            } else if rng.gen_range(0..3) == 0 {
+                // The same value written in two parts, split anywhere
+                // (inside the tag too): stored and tagged as one.
+                let v = value(&mut rng, round * 1000 + i);
+                let split = rng.gen_range(0..=v.len());
+                let op = BatchOp::PutParts {
+                    key: Bytes::from(k.clone()),
+                    head: Bytes::copy_from_slice(&v[..split]),
+                    body: Bytes::copy_from_slice(&v[split..]),
+                };
+                db.write_batch(&[op]).expect("put parts");
+                assert_eq!(db.get(&k).expect("get").as_deref(), Some(&v[..]));
+                model.insert(k, v);
             } else {
                 let v = value(&mut rng, round * 1000 + i);
                 db.put(&k, &v).expect("put");

@@ -112,12 +112,20 @@ pub fn cmp_stored(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     version_of(a).cmp(&version_of(b)).then_with(|| a.cmp(b))
 }
 
+/// The header [`encode_value`] puts before a value: `encode_value(version,
+/// value)` is these bytes followed by `value`.
+pub fn value_header(version: u64) -> [u8; HEADER_LEN] {
+    let mut out = [0u8; HEADER_LEN];
+    out[0] = MAGIC;
+    out[1] = KIND_VALUE;
+    out[2..].copy_from_slice(&version.to_be_bytes());
+    out
+}
+
 /// Encodes `value` at `version`.
 pub fn encode_value(version: u64, value: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(HEADER_LEN + value.len());
-    out.put_u8(MAGIC);
-    out.put_u8(KIND_VALUE);
-    out.put_u64(version);
+    out.put_slice(&value_header(version));
     out.put_slice(value);
     out.freeze()
 }

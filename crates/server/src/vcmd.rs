@@ -27,7 +27,7 @@
 use bytes::Bytes;
 use engine::{BatchOp, Tagging, ValueMeta};
 use protocol::versioned::{
-    cmp_stored, encode_tombstone, encode_value, is_tombstone_tag, version_of, version_of_tag,
+    cmp_stored, encode_tombstone, is_tombstone_tag, value_header, version_of, version_of_tag,
     Versioned,
 };
 use protocol::Reply;
@@ -56,14 +56,14 @@ pub fn vbatch(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         let Some(version) = parse_version(&op[1]) else {
             return Ok(Reply::err("version is not an unsigned 64-bit integer"));
         };
-        let stored = if op[2].eq_ignore_ascii_case(b"SET") {
-            encode_value(version, &op[3])
+        let copy = if op[2].eq_ignore_ascii_case(b"SET") {
+            StoredCopy::store(&op[0], version, &op[3])
         } else if op[2].eq_ignore_ascii_case(b"DEL") {
-            encode_tombstone(version)
+            StoredCopy::tombstone(&op[0], version)
         } else {
             return Ok(Reply::err("vbatch kind must be SET or DEL"));
         };
-        items.push((&op[0], stored));
+        items.push(copy);
     }
     let ops = greatest_per_key(items);
     let written = write(state, &ops)?;
@@ -110,24 +110,63 @@ fn parse(args: &[Bytes], tombstone: bool) -> Result<Vec<BatchOp>, Reply> {
         let Some(version) = parse_version(&chunk[1]) else {
             return Err(Reply::err("version is not an unsigned 64-bit integer"));
         };
-        let stored = if tombstone {
-            encode_tombstone(version)
+        items.push(if tombstone {
+            StoredCopy::tombstone(&chunk[0], version)
         } else {
-            encode_value(version, &chunk[2])
-        };
-        items.push((&chunk[0], stored));
+            StoredCopy::store(&chunk[0], version, &chunk[2])
+        });
     }
     Ok(greatest_per_key(items))
 }
 
+/// A versioned copy to store: its header and, for a value, the client's
+/// bytes, kept apart (the engine stores them back to back) so that the
+/// value is never copied just to put the header before it.
+struct StoredCopy {
+    key: Bytes,
+    head: Bytes,
+    body: Bytes,
+}
+
+impl StoredCopy {
+    fn store(key: &Bytes, version: u64, value: &Bytes) -> StoredCopy {
+        StoredCopy {
+            key: key.clone(),
+            head: Bytes::copy_from_slice(&value_header(version)),
+            body: value.clone(),
+        }
+    }
+
+    fn tombstone(key: &Bytes, version: u64) -> StoredCopy {
+        StoredCopy {
+            key: key.clone(),
+            head: encode_tombstone(version),
+            body: Bytes::new(),
+        }
+    }
+
+    /// [`cmp_stored`] of the two copies: both heads are whole versioned
+    /// headers of one length, so comparing heads, then bodies, compares
+    /// the stored bytes.
+    fn cmp_stored(&self, other: &StoredCopy) -> std::cmp::Ordering {
+        version_of(&self.head)
+            .cmp(&version_of(&other.head))
+            .then_with(|| (&self.head, &self.body).cmp(&(&other.head, &other.body)))
+    }
+}
+
 /// One put per distinct key: the greatest of duplicates (see
 /// [`cmp_stored`]), as if they arrived one by one.
-fn greatest_per_key(mut items: Vec<(&Bytes, Bytes)>) -> Vec<BatchOp> {
-    items.sort_by(|a, b| a.0.cmp(b.0).then_with(|| cmp_stored(&b.1, &a.1)));
-    items.dedup_by(|later, first| later.0 == first.0);
+fn greatest_per_key(mut items: Vec<StoredCopy>) -> Vec<BatchOp> {
+    items.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| b.cmp_stored(a)));
+    items.dedup_by(|later, first| later.key == first.key);
     items
         .into_iter()
-        .map(|(key, stored)| BatchOp::Put(key.clone(), stored))
+        .map(|c| BatchOp::PutParts {
+            key: c.key,
+            head: c.head,
+            body: c.body,
+        })
         .collect()
 }
 
@@ -139,19 +178,24 @@ fn write(state: &NodeState, ops: &[BatchOp]) -> engine::Result<Vec<bool>> {
     // Shared: exclusive holders (SET NX/XX/GET, DEL) read-compare-write.
     let _shared = state.write_order.read();
     state.db.write_batch_if(ops, |i, current| {
-        let BatchOp::Put(_, new) = &ops[i] else {
+        let BatchOp::PutParts { head, body, .. } = &ops[i] else {
             return Ok(false);
         };
         if !current.exists() {
             return Ok(true);
         }
         if let Some(theirs) = indexed_version(current) {
-            let mine = version_of(new);
+            let mine = version_of(head);
             if mine != theirs {
                 return Ok(mine > theirs);
             }
         }
-        Ok(current.value()?.is_none_or(|c| cmp_stored(new, &c).is_gt()))
+        // A tie, or a copy whose version only its bytes tell: compare
+        // whole copies (the one place the new copy is joined).
+        let new = [&head[..], &body[..]].concat();
+        Ok(current
+            .value()?
+            .is_none_or(|c| cmp_stored(&new, &c).is_gt()))
     })
 }
 
@@ -226,6 +270,52 @@ fn parse_version(b: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Comparing a copy's parts orders copies exactly as comparing the
+    /// stored bytes does, ties between one version's copies included.
+    #[test]
+    fn parts_compare_like_stored_copies() {
+        let key = Bytes::from_static(b"k");
+        let copies: Vec<StoredCopy> = [1u64, 2, 256]
+            .iter()
+            .flat_map(|&v| {
+                let bodies = [&b""[..], b"a", b"ab", b"b", b"\xff"];
+                let key = &key;
+                bodies
+                    .into_iter()
+                    .map(move |b| StoredCopy::store(key, v, &Bytes::copy_from_slice(b)))
+                    .chain(std::iter::once(StoredCopy::tombstone(key, v)))
+            })
+            .collect();
+        let joined = |c: &StoredCopy| [&c.head[..], &c.body[..]].concat();
+        for a in &copies {
+            for b in &copies {
+                assert_eq!(
+                    a.cmp_stored(b),
+                    cmp_stored(&joined(a), &joined(b)),
+                    "{:?} vs {:?}",
+                    joined(a),
+                    joined(b)
+                );
+            }
+        }
+        // The greatest duplicate wins, whatever the order they came in (at
+        // one version a tombstone's kind byte sorts after a value's).
+        let dups = vec![
+            StoredCopy::store(&key, 7, &Bytes::from_static(b"a")),
+            StoredCopy::tombstone(&key, 7),
+            StoredCopy::store(&key, 7, &Bytes::from_static(b"b")),
+        ];
+        let ops = greatest_per_key(dups);
+        assert_eq!(ops.len(), 1);
+        let BatchOp::PutParts { head, body, .. } = &ops[0] else {
+            panic!("a store")
+        };
+        let won = [&head[..], &body[..]].concat();
+        assert_eq!(won, encode_tombstone(7).to_vec());
+    }
+
     /// The engine keeps exactly the versioned header after its magic as a
     /// value's tag, which `version_of_tag` decodes.
     #[test]
