@@ -9,9 +9,11 @@
 //! moves a key forward, so a late or repeated delivery is harmless), and
 //! once the target has answered deletes each hint whose version is not
 //! newer than the copy sent (a hint raised meanwhile stays for the next
-//! round). One batch is in flight while the next one's copies are read. A target that cannot
-//! be reached or refuses is skipped until the next round; rounds run every
-//! [`ROUND`], or at once when a `HINT` arrives.
+//! round). A reader thread reads the next batch's copies while this one
+//! sends and the target stores the batches before. A target that cannot be
+//! reached or refuses is skipped for [`BACKOFF`] (a refused connection only
+//! until the next round); rounds run every [`ROUND`], or at once when a
+//! `HINT` arrives.
 //!
 //! The thread connects to peers with this node's own password
 //! (`requirepass`): the nodes of one cluster share one.
@@ -23,7 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use client::Conn;
-use engine::BatchOp;
+use engine::{BatchOp, ValueMeta};
 use protocol::versioned::Versioned;
 
 use crate::hints::{after_target, hints_end, hints_start, parse_hint_key};
@@ -68,15 +70,33 @@ fn run(state: &NodeState) {
     }
 }
 
-/// How long a target that failed is left alone.
+/// How long a target that failed is left alone, unless it refused the
+/// connection: a refusal is answered at once (the host is up, its node is
+/// not listening yet), so trying again next round costs this thread
+/// nothing and a restarted node gets its writes within a round.
 const BACKOFF: Duration = Duration::from_secs(1);
 
-/// One pass over every hint, target by target; targets that failed less
-/// than [`BACKOFF`] ago are skipped.
+/// Why delivery to a target stopped, and how soon to try it again.
+struct Failure {
+    why: String,
+    retry_after: Duration,
+}
+
+impl From<String> for Failure {
+    fn from(why: String) -> Self {
+        Failure {
+            why,
+            retry_after: BACKOFF,
+        }
+    }
+}
+
+/// One pass over every hint, target by target; targets whose last failure
+/// asked to be left alone longer are skipped.
 fn round(
     state: &NodeState,
     conns: &mut HashMap<Vec<u8>, Conn>,
-    failed_at: &mut HashMap<Vec<u8>, std::time::Instant>,
+    failed_at: &mut HashMap<Vec<u8>, (std::time::Instant, Duration)>,
 ) -> engine::Result<()> {
     let end = hints_end();
     let mut start = hints_start();
@@ -92,7 +112,7 @@ fn round(
         let target = target.to_vec();
         if failed_at
             .get(&target)
-            .is_some_and(|t| t.elapsed() < BACKOFF)
+            .is_some_and(|(at, wait)| at.elapsed() < *wait)
         {
             start = after_target(&target);
             continue;
@@ -108,8 +128,8 @@ fn round(
             Ok(()) => {
                 failed_at.remove(&target);
             }
-            Err(why) => {
-                failed_at.insert(target.clone(), std::time::Instant::now());
+            Err(Failure { why, retry_after }) => {
+                failed_at.insert(target.clone(), (std::time::Instant::now(), retry_after));
                 conns.remove(&target);
                 let mut errors = state.hints.last_error.lock();
                 if errors.get(&name) != Some(&why) {
@@ -132,89 +152,124 @@ struct InFlight {
     requests: usize,
 }
 
-/// Delivers every hint for `target` from `start` on, in batches, with up
-/// to [`IN_FLIGHT`] batches in flight: the next batch's copies are read
-/// from this node while the target stores the previous ones. Counts the
-/// hints settled into `delivered`, also when it fails part way.
+/// A batch of hints with the requests that hand off their keys' copies.
+struct Prepared {
+    /// As [`InFlight::settled`].
+    settled: Vec<(Bytes, u64)>,
+    requests: Vec<Vec<Bytes>>,
+}
+
+/// Delivers every hint for `target` from `start` on. A reader thread reads
+/// this node's copies batch by batch ([`read_batches`]) while this thread
+/// sends the previous batch and the target stores the ones before it (up
+/// to [`IN_FLIGHT`] unanswered). Counts the hints settled into
+/// `delivered`, also when it fails part way.
 fn deliver_target(
     state: &NodeState,
     conns: &mut HashMap<Vec<u8>, Conn>,
     target: &[u8],
-    mut start: Vec<u8>,
+    start: Vec<u8>,
     delivered: &mut u64,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
+    // Reach the target before reading any copy for it: a node still down
+    // costs this thread one refused connection, not a batch of reads.
+    connect(state, conns, target)?;
     let end = after_target(target);
-    let mut in_flight: std::collections::VecDeque<InFlight> = Default::default();
-    loop {
-        let hints = if stopping(state) {
-            Vec::new()
-        } else {
-            state
-                .db
-                .scan_keys(&start, &end, BATCH_HINTS)
-                .map_err(|e| format!("listing hints: {e}"))?
-        };
-        let next = if hints.is_empty() {
-            None
-        } else {
-            Some(prepare(state, &hints)?)
-        };
-        let Some((batch, reqs)) = next else {
-            while let Some(done) = in_flight.pop_front() {
-                *delivered += finish(state, conns, target, done)?;
+    let (batches, ready) = std::sync::mpsc::sync_channel(1);
+    std::thread::scope(|scope| {
+        let reader = std::thread::Builder::new()
+            .name("ls-handoff-read".into())
+            .spawn_scoped(scope, || read_batches(state, start, end, batches))
+            .map_err(|e| Failure::from(format!("starting the handoff reader: {e}")))?;
+        let mut in_flight: std::collections::VecDeque<InFlight> = Default::default();
+        // Ends when the reader has nothing more (it drops its sender); on
+        // an error `ready` is dropped, which stops the reader at its next
+        // batch.
+        for batch in ready {
+            let Prepared { settled, requests } = batch?;
+            if in_flight.len() >= IN_FLIGHT {
+                if let Some(done) = in_flight.pop_front() {
+                    *delivered += finish(state, conns, target, done)?;
+                }
             }
-            return Ok(());
-        };
-        if in_flight.len() >= IN_FLIGHT {
-            if let Some(done) = in_flight.pop_front() {
-                *delivered += finish(state, conns, target, done)?;
+            if !requests.is_empty() {
+                connect(state, conns, target)?
+                    .send(&requests)
+                    .map_err(|e| Failure::from(e.to_string()))?;
             }
+            in_flight.push_back(InFlight {
+                settled,
+                requests: requests.len(),
+            });
         }
-        if let Some((last, _)) = batch.last() {
-            start = last.to_vec();
-            start.push(0);
+        while let Some(done) = in_flight.pop_front() {
+            *delivered += finish(state, conns, target, done)?;
         }
-        let requests = reqs.len();
-        if requests > 0 {
-            connect(state, conns, target)?
-                .send(&reqs)
-                .map_err(|e| e.to_string())?;
-        }
-        in_flight.push_back(InFlight {
-            settled: batch,
-            requests,
+        drop(reader);
+        Ok(())
+    })
+}
+
+/// Reads the copies for the hints in `[start, end)` into batches for
+/// [`deliver_target`], until there are no more hints, the node stops, or
+/// the receiving end is gone.
+fn read_batches(
+    state: &NodeState,
+    mut start: Vec<u8>,
+    end: Vec<u8>,
+    batches: std::sync::mpsc::SyncSender<Result<Prepared, String>>,
+) {
+    while !stopping(state) {
+        // Hints with what the index holds of them (their versions): no
+        // second lookup per hint.
+        let hints = match state
+            .db
+            .scan_meta_bounded(&start, &end, BATCH_HINTS, usize::MAX)
+        {
+            Ok(hints) if hints.is_empty() => return,
+            Ok(hints) => hints,
+            Err(e) => {
+                let _ = batches.send(Err(format!("listing hints: {e}")));
+                return;
+            }
+        };
+        let batch = prepare(state, &hints).map(|(settled, requests)| {
+            if let Some((last, _)) = settled.last() {
+                start = last.to_vec();
+                start.push(0);
+            }
+            Prepared { settled, requests }
         });
+        let failed = batch.is_err();
+        if batches.send(batch).is_err() || failed {
+            return;
+        }
     }
+}
+
+/// The key a hint names (empty for a key that is not a hint).
+fn hinted_key(hint: &[u8]) -> &[u8] {
+    parse_hint_key(hint).map_or(&hint[..0], |(_, k)| k)
 }
 
 /// Reads this node's copies of the keys `hints` name (as far as
 /// [`BATCH_BYTES`] allows, at least one) and builds the `VSET`/`VDEL`
-/// requests that hand them off: the hints covered with the versions sent,
-/// and the requests.
+/// requests that hand them off: the hints covered (a prefix of `hints`)
+/// with the versions sent, and the requests.
 #[allow(clippy::type_complexity)]
 fn prepare(
     state: &NodeState,
-    hints: &[Bytes],
+    hints: &[(Bytes, ValueMeta)],
 ) -> Result<(Vec<(Bytes, u64)>, Vec<Vec<Bytes>>), String> {
-    let keys: Vec<&[u8]> = hints
-        .iter()
-        .map(|h| parse_hint_key(h).map_or(&h[..0], |(_, k)| k))
-        .collect();
+    let keys: Vec<&[u8]> = hints.iter().map(|(h, _)| hinted_key(h)).collect();
     let copies = state
         .db
         .multi_get(&keys)
         .map_err(|e| format!("reading local copies: {e}"))?;
     // Each hint's own version, from the index (hints are tagged values).
-    let hint_refs: Vec<&[u8]> = hints.iter().map(|h| &h[..]).collect();
-    let hint_versions: Vec<u64> = state
-        .db
-        .multi_get_meta(&hint_refs)
-        .map_err(|e| format!("reading hints: {e}"))?
-        .into_iter()
-        .map(|m| {
-            m.and_then(|m| crate::vcmd::version_from_index(m.tag, m.value_len as usize))
-                .unwrap_or(0)
-        })
+    let hint_versions: Vec<u64> = hints
+        .iter()
+        .map(|(_, m)| crate::vcmd::version_from_index(m.tag, m.value_len as usize).unwrap_or(0))
         .collect();
     let mut vset: Vec<Bytes> = vec![Bytes::from_static(b"VSET")];
     let mut vdel: Vec<Bytes> = vec![Bytes::from_static(b"VDEL")];
@@ -228,7 +283,7 @@ fn prepare(
         let hinted = hint_versions.get(i).copied().unwrap_or(0);
         let Some(copy) = copy.filter(|_| !key.is_empty()) else {
             // No copy here any more (a plain DEL): nothing to hand off.
-            settled.push((hints[i].clone(), hinted));
+            settled.push((hints[i].0.clone(), hinted));
             continue;
         };
         let size = key.len() + copy.len();
@@ -242,7 +297,7 @@ fn prepare(
             Some(value) => vset.extend([key, version, value]),
             None => vdel.extend([key, version]),
         }
-        settled.push((hints[i].clone(), v.version.max(hinted)));
+        settled.push((hints[i].0.clone(), v.version.max(hinted)));
     }
     let reqs = [vset, vdel].into_iter().filter(|r| r.len() > 1).collect();
     Ok((settled, reqs))
@@ -255,11 +310,14 @@ fn finish(
     conns: &mut HashMap<Vec<u8>, Conn>,
     target: &[u8],
     done: InFlight,
-) -> Result<u64, String> {
+) -> Result<u64, Failure> {
     if done.requests > 0 {
         let conn = connect(state, conns, target)?;
-        for r in conn.receive(done.requests).map_err(|e| e.to_string())? {
-            conn.check(r).map_err(|e| e.to_string())?;
+        for r in conn
+            .receive(done.requests)
+            .map_err(|e| Failure::from(e.to_string()))?
+        {
+            conn.check(r).map_err(|e| Failure::from(e.to_string()))?;
         }
     }
     let ops: Vec<BatchOp> = done
@@ -272,7 +330,7 @@ fn finish(
         .write_batch_if(&ops, |j, current| {
             Ok(current.exists() && crate::vcmd::stored_version(current)? <= done.settled[j].1)
         })
-        .map_err(|e| format!("clearing delivered hints: {e}"))?;
+        .map_err(|e| Failure::from(format!("clearing delivered hints: {e}")))?;
     let n = deleted.iter().filter(|&&d| d).count() as u64;
     state.hints.delivered(&String::from_utf8_lossy(target), n);
     Ok(n)
@@ -284,15 +342,22 @@ fn connect<'c>(
     state: &NodeState,
     conns: &'c mut HashMap<Vec<u8>, Conn>,
     target: &[u8],
-) -> Result<&'c mut Conn, String> {
+) -> Result<&'c mut Conn, Failure> {
     if !conns.contains_key(target) {
         let addr = std::str::from_utf8(target).map_err(|_| "target is not UTF-8".to_string())?;
         let mut conn = Conn::open(addr, CONNECT_TIMEOUT, state.config.requirepass.as_deref())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                let refused = matches!(&e, client::ClientError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::ConnectionRefused);
+                Failure {
+                    why: e.to_string(),
+                    retry_after: if refused { ROUND } else { BACKOFF },
+                }
+            })?;
         conn.set_timeout(CALL_TIMEOUT);
         conns.insert(target.to_vec(), conn);
     }
     conns
         .get_mut(target)
-        .ok_or_else(|| "connection vanished".to_string())
+        .ok_or_else(|| Failure::from("connection vanished".to_string()))
 }
