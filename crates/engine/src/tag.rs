@@ -37,10 +37,9 @@ pub fn tag_of(value: &[u8]) -> Option<Tag> {
 }
 
 /// [`tag_of`] a value in two parts.
+/// Its first `1 + TAG_LEN` bytes decide, as for a value in one part (a
+/// shorter value has no tag).
 fn tag_of_parts(value: ValueBytes<'_>) -> Option<Tag> {
-    if value.len() <= TAG_LEN {
-        return None;
-    }
     let first: [u8; 1 + TAG_LEN] = value.prefix()?;
     tag_of(&first)
 }

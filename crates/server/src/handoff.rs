@@ -177,7 +177,7 @@ fn deliver_target(
     let end = after_target(target);
     let (batches, ready) = std::sync::mpsc::sync_channel(1);
     std::thread::scope(|scope| {
-        let reader = std::thread::Builder::new()
+        let _reader = std::thread::Builder::new()
             .name("ls-handoff-read".into())
             .spawn_scoped(scope, || read_batches(state, start, end, batches))
             .map_err(|e| Failure::from(format!("starting the handoff reader: {e}")))?;
@@ -205,7 +205,6 @@ fn deliver_target(
         while let Some(done) = in_flight.pop_front() {
             *delivered += finish(state, conns, target, done)?;
         }
-        drop(reader);
         Ok(())
     })
 }
