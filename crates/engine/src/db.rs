@@ -558,10 +558,7 @@ impl DbInner {
                 } else {
                     crate::tag::Tagging::Unknown
                 };
-                self.sv
-                    .read()
-                    .mem
-                    .insert(Bytes::copy_from_slice(ops[i].1), seq, kind, ptr, tag);
+                self.sv.read().mem.insert(ops[i].1, seq, kind, ptr, tag);
                 if i + 1 == n {
                     self.visible_seq.fetch_max(seq, Ordering::AcqRel);
                 }
@@ -622,13 +619,10 @@ impl DbInner {
             seq: Some(seq),
         };
         self.vlog.append(&[rec], reserve, |_, seq, ptr| {
-            self.sv.read().mem.insert(
-                Bytes::copy_from_slice(key),
-                seq,
-                Kind::Put,
-                ptr,
-                crate::tag::Tagging::of(value),
-            );
+            self.sv
+                .read()
+                .mem
+                .insert(key, seq, Kind::Put, ptr, crate::tag::Tagging::of(value));
         })?;
         self.write_behind()
     }

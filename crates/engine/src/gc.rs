@@ -230,8 +230,6 @@ enum Liveness {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::Liveness;
     use crate::test_support::small_db;
     use crate::types::{Kind, SeqNo};
@@ -255,7 +253,7 @@ mod tests {
         // What an append does before it publishes the batch's sequence.
         let sv = inner.sv.read().clone();
         sv.mem
-            .insert(Bytes::from_static(b"k"), e.seq + 1, Kind::Put, e.ptr, e.tag);
+            .insert(b"k", e.seq + 1, Kind::Put, e.ptr, e.tag);
         assert!(live(inner), "hidden only by an invisible version");
         inner
             .visible_seq

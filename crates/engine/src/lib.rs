@@ -25,6 +25,7 @@ mod iter;
 mod keytable;
 mod maint;
 mod manifest;
+mod memindex;
 mod memtable;
 mod options;
 mod record;

@@ -180,7 +180,7 @@ impl DbInner {
         let (pos, seq) = self.vlog.with_position(|pos, seq| {
             let mut sv = self.sv.write();
             let next = SuperVersion {
-                mem: Arc::new(Memtable::new()),
+                mem: Arc::new(Memtable::sized_like(&sv.mem)),
                 imm: Some(sv.mem.clone()),
                 version: sv.version.clone(),
             };

@@ -1,13 +1,18 @@
 //! The L0 memtable: a lock-free ordered map from `(key, seq)` to a value
 //! pointer. Values themselves stay in the value log's page buffers (or on the
-//! device once written), so the memtable holds keys and pointers only.
+//! device once written), so the memtable holds keys and pointers only. Point
+//! lookups go through a hash index of each key's newest version
+//! ([`crate::memindex`]); the skiplist serves ordered scans and reads of
+//! older versions.
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use crossbeam_skiplist::SkipMap;
+use parking_lot::Mutex;
 
+use crate::memindex::{Known, MemIndex};
 use crate::tag::Tagging;
 #[cfg(doc)]
 use crate::types::entry_order;
@@ -15,6 +20,9 @@ use crate::types::{Entry, Kind, SeqNo, ValuePtr};
 
 /// Per-entry DRAM overhead charged on top of the key bytes.
 const ENTRY_OVERHEAD: usize = 64;
+/// DRAM charged for each key's slot in the point index (an [`Entry`] in a
+/// hash table at its usual fill).
+const INDEX_OVERHEAD: usize = 96;
 
 /// Bytes of a key kept inline in its skiplist entry as [`KeyHead`]. Keys
 /// often share a long prefix (a table or volume name, then a number), so
@@ -85,10 +93,42 @@ impl PartialOrd for IKey {
     }
 }
 
+/// Bytes of the chunks a memtable copies its keys into.
+const KEY_CHUNK: usize = 64 << 10;
+/// Keys longer than this get an allocation of their own.
+const KEY_ALONE: usize = KEY_CHUNK / 16;
+
+/// Where a memtable keeps its keys: copied back to back into shared chunks,
+/// so that a key costs no allocation of its own and the skiplist and the
+/// point index share it for the price of a reference count (a key copied
+/// into a `Bytes` of its own allocated twice: once for the copy, once more
+/// when it was first shared). A chunk is freed when the memtable and every
+/// entry handed out from it are gone.
+#[derive(Default)]
+struct KeyArena {
+    chunk: Mutex<BytesMut>,
+}
+
+impl KeyArena {
+    fn copy(&self, key: &[u8]) -> Bytes {
+        if key.len() > KEY_ALONE {
+            return Bytes::copy_from_slice(key);
+        }
+        let mut chunk = self.chunk.lock();
+        if chunk.capacity() - chunk.len() < key.len() {
+            *chunk = BytesMut::with_capacity(KEY_CHUNK);
+        }
+        chunk.extend_from_slice(key);
+        chunk.split().freeze()
+    }
+}
+
 /// An L0 memtable.
 #[derive(Default)]
 pub struct Memtable {
     map: SkipMap<IKey, (Kind, ValuePtr, Tagging)>,
+    index: MemIndex,
+    keys: KeyArena,
     bytes: AtomicUsize,
     log_bytes: AtomicU64,
 }
@@ -99,18 +139,46 @@ impl Memtable {
         Self::default()
     }
 
+    /// An empty memtable with its point index sized for as many keys as
+    /// `full` holds (the next memtable usually fills like the last).
+    pub fn sized_like(full: &Memtable) -> Self {
+        Self {
+            index: MemIndex::with_capacity(full.index.len()),
+            ..Self::default()
+        }
+    }
+
     /// Inserts one version with its value's tag. Equal `(key, seq)` pairs (a
     /// GC relocation of a version already here) replace the older pointer.
-    pub fn insert(&self, key: Bytes, seq: SeqNo, kind: Kind, ptr: ValuePtr, tag: Tagging) {
-        self.bytes
-            .fetch_add(key.len() + ENTRY_OVERHEAD, Ordering::Relaxed);
+    /// Called before `seq` is published to readers (see [`crate::memindex`]).
+    pub fn insert(&self, key: &[u8], seq: SeqNo, kind: Kind, ptr: ValuePtr, tag: Tagging) {
+        let entry = Entry {
+            key: self.keys.copy(key),
+            seq,
+            kind,
+            ptr,
+            tag,
+        };
+        self.map
+            .insert(IKey::new(entry.key.clone(), seq), (kind, ptr, tag));
+        let new_key = self.index.note(&entry);
+        let charge = entry.key.len() + ENTRY_OVERHEAD + if new_key { INDEX_OVERHEAD } else { 0 };
+        self.bytes.fetch_add(charge, Ordering::Relaxed);
         self.log_bytes
             .fetch_add(u64::from(ptr.len), Ordering::Relaxed);
-        self.map.insert(IKey::new(key, seq), (kind, ptr, tag));
     }
 
     /// The newest version of `key` with sequence at most `seq`.
     pub fn get(&self, key: &[u8], seq: SeqNo) -> Option<Entry> {
+        match self.index.known(key, seq) {
+            Known::Absent => None,
+            Known::Newest(e) => Some(e),
+            Known::Later => self.search(key, seq),
+        }
+    }
+
+    /// [`Self::get`] by searching the skiplist.
+    fn search(&self, key: &[u8], seq: SeqNo) -> Option<Entry> {
         let start = IKey::new(Bytes::copy_from_slice(key), seq);
         let e = self.map.range(start..).next()?;
         (e.key().key.as_ref() == key).then(|| Entry {
@@ -175,27 +243,9 @@ mod tests {
             offset: o,
             ..Default::default()
         };
-        m.insert(
-            Bytes::from_static(b"a"),
-            1,
-            Kind::Put,
-            p(1),
-            Tagging::Untagged,
-        );
-        m.insert(
-            Bytes::from_static(b"a"),
-            5,
-            Kind::Delete,
-            p(5),
-            Tagging::Unknown,
-        );
-        m.insert(
-            Bytes::from_static(b"b"),
-            3,
-            Kind::Put,
-            p(3),
-            Tagging::Tagged([7; 9]),
-        );
+        m.insert(b"a", 1, Kind::Put, p(1), Tagging::Untagged);
+        m.insert(b"a", 5, Kind::Delete, p(5), Tagging::Unknown);
+        m.insert(b"b", 3, Kind::Put, p(3), Tagging::Tagged([7; 9]));
         assert_eq!(m.get(b"a", 10).map(|e| e.kind), Some(Kind::Delete));
         assert_eq!(m.get(b"a", 4).map(|e| e.ptr.offset), Some(1));
         assert!(m.get(b"a", 0).is_none());
@@ -227,6 +277,28 @@ mod tests {
             let (ka, kb) = (IKey::new(Bytes::from(a.clone()), sa), IKey::new(Bytes::from(b.clone()), sb));
             proptest::prop_assert_eq!(ka.cmp(&kb), entry_order(&a, sa, &b, sb));
             proptest::prop_assert_eq!(kb.cmp(&ka), entry_order(&b, sb, &a, sa));
+        }
+
+        /// The point index answers every lookup exactly as the skiplist
+        /// search does: random versions of a few keys, inserted in any
+        /// order, some twice with a new pointer (GC relocations), read at
+        /// every sequence number.
+        #[test]
+        fn index_answers_like_the_skiplist(
+            ops in proptest::collection::vec((0u8..6, 1u64..40, proptest::bool::ANY, 0u32..1000), 1..80),
+        ) {
+            let m = Memtable::new();
+            for &(k, seq, delete, offset) in &ops {
+                let kind = if delete { Kind::Delete } else { Kind::Put };
+                let ptr = ValuePtr { offset, ..Default::default() };
+                m.insert(&[b'k', k], seq, kind, ptr, Tagging::Unknown);
+            }
+            for k in 0u8..7 {
+                for seq in 0u64..42 {
+                    let key = [b'k', k];
+                    proptest::prop_assert_eq!(m.get(&key, seq), m.search(&key, seq));
+                }
+            }
         }
     }
 }

@@ -46,7 +46,8 @@ pub struct Options {
     /// one value-log segment (segments are 128 MiB on devices of 2 GiB and
     /// more, smaller on smaller devices).
     pub max_value_size: usize,
-    /// Key bytes (plus per-entry overhead) the L0 memtable holds before it is flushed.
+    /// DRAM the L0 memtable holds before it is flushed: key bytes plus a
+    /// per-entry overhead, and per key the slot of its point index.
     pub memtable_bytes: usize,
     /// Log bytes written since the last flush that force a flush (bounds recovery time).
     pub memtable_log_bytes: u64,
@@ -93,7 +94,7 @@ impl Default for Options {
             durability: Durability::Interval(Duration::from_millis(100)),
             max_key_size: 8 * 1024,
             max_value_size: 64 * 1024 * 1024,
-            memtable_bytes: 64 * 1024 * 1024,
+            memtable_bytes: 128 * 1024 * 1024,
             memtable_log_bytes: 1024 * 1024 * 1024,
             keytable_bytes: 2 * 1024 * 1024,
             l1_bytes: 128 * 1024 * 1024,

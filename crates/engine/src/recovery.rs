@@ -367,7 +367,7 @@ fn replay(
                                 }
                             }
                             max_seq = max_seq.max(seq);
-                            mem.insert(key, seq, kind, ptr, tag);
+                            mem.insert(&key, seq, kind, ptr, tag);
                         }
                         if let Some(m) = segs.get_mut(&pos.seg) {
                             m.written_bytes = off + len;

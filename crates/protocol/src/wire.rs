@@ -18,7 +18,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use crate::reply::Sink;
 
 /// Bulk strings at least this long are written from where they are.
-pub const BORROW_BULK: usize = 16 << 10;
+pub const BORROW_BULK: usize = 8 << 10;
 /// Bulk strings at least this long are written from where they are once
 /// the wire holds [`LARGE_WIRE`] bytes.
 pub const BORROW_IN_LARGE: usize = 4 << 10;
