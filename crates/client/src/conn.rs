@@ -146,7 +146,18 @@ pub struct Conn {
     pending: Bytes,
     /// How much the next read makes room for (see [`Conn::read_room`]).
     room: usize,
+    /// The socket's read and write timeouts as last set (`None`: not set
+    /// yet). Each change is a system call, so they change only when they
+    /// must (see [`Conn::bound_read`]).
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
 }
+
+/// A read's socket timeout is the time left to the call's deadline rounded
+/// down to a multiple of the call timeout over this: a fast call then
+/// leaves it as it was, and a read never waits past the deadline (one that
+/// times out early is retried with the rest).
+const READ_TIMEOUT_STEPS: u32 = 8;
 
 /// Bytes read from the socket per read call, at most.
 const READ_CHUNK: usize = 256 * 1024;
@@ -170,6 +181,8 @@ impl Conn {
             timeout,
             pending: Bytes::new(),
             room: MIN_READ,
+            read_timeout: None,
+            write_timeout: None,
         };
         if let Some(pw) = password {
             conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;
@@ -235,9 +248,12 @@ impl Conn {
             encode_request(r.as_ref(), &mut out);
         }
         let mut slices = out.slices();
-        self.stream
-            .set_write_timeout(Some(self.timeout))
-            .map_err(|e| self.io(e))?;
+        if self.write_timeout != Some(self.timeout) {
+            self.stream
+                .set_write_timeout(Some(self.timeout))
+                .map_err(|e| self.io(e))?;
+            self.write_timeout = Some(self.timeout);
+        }
         self.stream
             .write_all_vectored(&mut slices)
             .map_err(|e| self.io(e))
@@ -283,9 +299,7 @@ impl Conn {
             if left.is_zero() {
                 return Err(self.timed_out());
             }
-            self.stream
-                .set_read_timeout(Some(left))
-                .map_err(|e| self.io(e))?;
+            self.bound_read(left)?;
             // Append to the pending bytes: in place when no reply handed
             // out shares their buffer, else after copying the part of one
             // reply they hold.
@@ -309,13 +323,34 @@ impl Conn {
             match got {
                 Ok(0) => return Err(self.io(ErrorKind::UnexpectedEof.into())),
                 Ok(_) => {}
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    return Err(self.timed_out());
-                }
+                // The loop's deadline check decides: a read bounded by a
+                // rounded-down timeout may stop before the deadline.
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.io(e)),
             }
         }
+    }
+
+    /// Sets the socket's read timeout so that a read waits at most `left`:
+    /// `left` rounded down to a multiple of the call timeout's
+    /// [`READ_TIMEOUT_STEPS`]th (exactly `left` below one step). Calls that
+    /// finish within a step keep the socket's setting as it is.
+    fn bound_read(&mut self, left: Duration) -> Result<()> {
+        let step = self.timeout / READ_TIMEOUT_STEPS;
+        let want = if step.is_zero() || left < step {
+            left
+        } else {
+            let steps = (left.as_nanos() / step.as_nanos()).min(u128::from(READ_TIMEOUT_STEPS));
+            step * steps as u32
+        };
+        if self.read_timeout != Some(want) {
+            self.stream
+                .set_read_timeout(Some(want))
+                .map_err(|e| self.io(e))?;
+            self.read_timeout = Some(want);
+        }
+        Ok(())
     }
 
     /// Room to make for the next read when `pending` bytes of a reply are
@@ -420,6 +455,53 @@ mod tests {
         );
         assert!(matches!(&got[1], Reply::Bulk(b) if *b == huge));
         assert!(matches!(&got[2], Reply::Array(a) if a.len() == 2));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A call to a node that stops answering fails after the call timeout,
+    /// not before and not much after, however the socket's timeout was
+    /// left by the calls before it; a fast call leaves the socket's read
+    /// timeout as it was.
+    #[test]
+    fn a_silent_node_times_out_at_the_call_timeout() {
+        let dir = std::env::temp_dir().join(format!("ls-conn-silent-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("node.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let node = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut req = vec![0u8; 14]; // *1\r\n$4\r\nPING\r\n
+            for _ in 0..2 {
+                s.read_exact(&mut req).expect("ping");
+                s.write_all(b"+PONG\r\n").expect("pong");
+            }
+            // Silent until the test is done.
+            let _ = hold_rx.recv();
+        });
+        let timeout = Duration::from_millis(400);
+        let addr = format!("unix:{}", path.display());
+        let mut conn = Conn::open(&addr, timeout, None).expect("open");
+        conn.call(&[b"PING"]).expect("first ping");
+        let set = conn.read_timeout;
+        assert!(
+            set.is_some_and(|t| t <= timeout && t >= timeout * 6 / 8),
+            "{set:?}"
+        );
+        conn.call(&[b"PING"]).expect("second ping");
+        assert_eq!(
+            conn.read_timeout, set,
+            "a fast call leaves the socket as it was"
+        );
+        let start = Instant::now();
+        let err = conn.call(&[b"PING"]).expect_err("no reply");
+        let took = start.elapsed();
+        assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
+        assert!(took >= timeout, "gave up after {took:?}");
+        assert!(took < timeout * 2, "waited {took:?}");
+        let _ = hold_tx.send(());
+        node.join().expect("node");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -252,8 +252,7 @@ mod tests {
         assert!(live(inner));
         // What an append does before it publishes the batch's sequence.
         let sv = inner.sv.read().clone();
-        sv.mem
-            .insert(b"k", e.seq + 1, Kind::Put, e.ptr, e.tag);
+        sv.mem.insert(b"k", e.seq + 1, Kind::Put, e.ptr, e.tag);
         assert!(live(inner), "hidden only by an invisible version");
         inner
             .visible_seq
