@@ -372,8 +372,10 @@ impl KeytableBuilder {
         if !self.cur_offsets.is_empty() && used > self.page_size {
             self.finish_block();
         }
+        // Keys kept for the keytable's life are copies: an entry's key may
+        // be a slice of a memtable's shared key chunk, which it would pin.
         if self.cur_offsets.is_empty() {
-            self.cur_first = Some(e.key.clone());
+            self.cur_first = Some(Bytes::copy_from_slice(&e.key));
         }
         self.cur_offsets
             .push((BLOCK_HEADER + self.cur.len()) as u32);
@@ -393,7 +395,7 @@ impl KeytableBuilder {
             self.last_hashed = Some(e.key.clone());
         }
         if self.smallest.is_none() {
-            self.smallest = Some(e.key.clone());
+            self.smallest = Some(Bytes::copy_from_slice(&e.key));
         }
         self.largest = e.key.clone();
         self.entries += 1;
@@ -440,7 +442,7 @@ impl KeytableBuilder {
             bloom: Bloom::build(&self.hashes, self.bits_per_key),
             entries: self.entries,
             smallest: self.smallest.take().unwrap_or_default(),
-            largest: self.largest.clone(),
+            largest: Bytes::copy_from_slice(&self.largest),
         };
         let payload = index.encode();
         let mut out = self.out;
