@@ -922,7 +922,7 @@ impl ValueLog {
     pub fn finish_read(pending: PendingValue, read: DirectRead) -> Result<Bytes> {
         let PendingValue { ptr, skip, len } = pending;
         // A slice of the read buffer, not a copy.
-        let raw = Bytes::from_owner(read.into_buf()).slice(skip..skip + len);
+        let raw = read.into_bytes().slice(skip..skip + len);
         Self::verified(raw, ptr)
     }
 

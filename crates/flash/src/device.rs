@@ -85,8 +85,10 @@ fn check_range(capacity: u64, offset: u64, len: u64) -> Result<()> {
 /// multiple of [`IO_ALIGN`]; usable for O_DIRECT I/O. Zero-filled on creation.
 pub struct AlignedBuf {
     /// Start of the buffer. When `len == 0` it is a dangling, aligned pointer
-    /// that is never dereferenced or freed; otherwise it was returned by
-    /// `alloc_zeroed` with `Self::layout(len)` and is owned exclusively.
+    /// that is never dereferenced or freed; otherwise it was allocated with
+    /// `Self::layout(len)`, all its bytes are initialized (zeroed by
+    /// `alloc_zeroed`, or written before an [`UninitBuf`] became this), and
+    /// it is owned exclusively.
     ptr: NonNull<u8>,
     /// Length in bytes; always a multiple of `IO_ALIGN`.
     len: usize,
@@ -122,11 +124,17 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
-    /// Allocates a buffer holding a copy of `data`, zero padded to [`IO_ALIGN`].
+    /// Allocates a buffer holding a copy of `data`, zero padded to [`IO_ALIGN`]
+    /// (written once: the copied bytes are not zeroed first).
     pub fn copy_from(data: &[u8]) -> AlignedBuf {
-        let mut buf = AlignedBuf::new_zeroed(data.len());
-        buf[..data.len()].copy_from_slice(data);
-        buf
+        let mut buf = UninitBuf::new(data.len());
+        // SAFETY: `buf` has room for `data.len()` bytes (it rounds up) and
+        // is a fresh allocation, so the two do not overlap; those bytes are
+        // then initialized, which is what `assume_init_prefix` requires.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), buf.as_mut_ptr(), data.len());
+            buf.assume_init_prefix(data.len())
+        }
     }
 
     fn layout(len: usize) -> Layout {
@@ -157,10 +165,83 @@ impl AlignedBuf {
     }
 }
 
+/// An allocation laid out like an [`AlignedBuf`] whose bytes are not
+/// initialized yet: the destination of a device read, which would only
+/// overwrite zeros written first (for a random read, zeroing the buffer
+/// cost more CPU than checking the value's CRC). It becomes an
+/// `AlignedBuf` once its bytes are written ([`UninitBuf::assume_init_prefix`]).
+pub struct UninitBuf {
+    /// As in [`AlignedBuf`], except that the bytes may be uninitialized;
+    /// never exposed as a slice.
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: `UninitBuf` exclusively owns its heap memory, like `AlignedBuf`.
+unsafe impl Send for UninitBuf {}
+
+impl UninitBuf {
+    /// Allocates `len` bytes rounded up to [`IO_ALIGN`], uninitialized.
+    ///
+    /// # Panics
+    /// If the rounded length overflows `isize` (as [`AlignedBuf::new_zeroed`]).
+    pub fn new(len: usize) -> UninitBuf {
+        let len = len
+            .checked_next_multiple_of(IO_ALIGN)
+            .expect("AlignedBuf capacity overflow");
+        if len == 0 {
+            let ptr = NonNull::new(std::ptr::without_provenance_mut(IO_ALIGN))
+                .expect("IO_ALIGN is nonzero");
+            return UninitBuf { ptr, len };
+        }
+        let layout = AlignedBuf::layout(len);
+        // SAFETY: `layout` has a nonzero size (len > 0 here).
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        UninitBuf { ptr, len }
+    }
+
+    /// Where the bytes go (for the kernel or a copy to write into).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The buffer as an [`AlignedBuf`], its bytes from `n` on zeroed.
+    ///
+    /// # Safety
+    /// The first `min(n, len)` bytes must have been written.
+    pub unsafe fn assume_init_prefix(self, n: usize) -> AlignedBuf {
+        let n = n.min(self.len);
+        if n < self.len {
+            // SAFETY: `n..len` lies inside the allocation.
+            unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(n), 0, self.len - n) };
+        }
+        let buf = AlignedBuf {
+            ptr: self.ptr,
+            len: self.len,
+        };
+        // The allocation now belongs to `buf`.
+        std::mem::forget(self);
+        buf
+    }
+}
+
+impl Drop for UninitBuf {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: allocated in `new` with exactly this layout and not freed before.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), AlignedBuf::layout(self.len)) }
+        }
+    }
+}
+
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len != 0 {
-            // SAFETY: allocated in `new_zeroed` with exactly this layout and not freed before.
+            // SAFETY: allocated (in `new_zeroed` or `UninitBuf::new`) with
+            // exactly this layout and not freed before.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
         }
     }
@@ -201,6 +282,27 @@ pub(crate) fn is_io_aligned(p: *const u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_and_partly_read_buffers_are_zero_padded() {
+        for len in [0usize, 1, 100, 4095, 4096, 4097, 3 * 4096 + 5] {
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8 + 1).collect();
+            let b = AlignedBuf::copy_from(&data);
+            assert!(is_io_aligned(b.as_ptr()), "len {len}");
+            assert_eq!(b.len(), len.next_multiple_of(IO_ALIGN));
+            assert_eq!(&b[..len], &data[..]);
+            assert!(b[len..].iter().all(|&x| x == 0), "padding of {len}");
+        }
+        // A read that wrote only part of its buffer: the rest reads as zeros.
+        let mut u = UninitBuf::new(2 * IO_ALIGN);
+        // SAFETY: 10 bytes inside the allocation.
+        unsafe { std::ptr::write_bytes(u.as_mut_ptr(), 0xAB, 10) };
+        // SAFETY: the first 10 bytes were written just above.
+        let b = unsafe { u.assume_init_prefix(10) };
+        assert!(b[..10].iter().all(|&x| x == 0xAB));
+        assert!(b[10..].iter().all(|&x| x == 0));
+        drop(UninitBuf::new(IO_ALIGN)); // freed unwritten
+    }
 
     #[test]
     fn aligned_buf_is_aligned_zeroed_and_rounded() {

@@ -22,9 +22,10 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use io_uring::{opcode, types, IoUring, Probe};
 
-use crate::device::{AlignedBuf, Device};
+use crate::device::{AlignedBuf, Device, UninitBuf};
 use crate::error::{FlashError, Result};
 
 /// Largest single device read that reads of neighbouring extents are
@@ -44,7 +45,10 @@ pub struct DirectRead {
     offset: u64,
     /// Bytes to read into the front of `buf`.
     len: usize,
-    buf: AlignedBuf,
+    /// What was read: the buffer the kernel filled (allocated when the read
+    /// starts, never zeroed first), or a slice of a covering read's (see
+    /// [`DirectRead::fill_from`]: no copy). `None` until then.
+    buf: Option<Bytes>,
 }
 
 impl DirectRead {
@@ -56,7 +60,7 @@ impl DirectRead {
             fd,
             offset,
             len,
-            buf: AlignedBuf::new_zeroed(len),
+            buf: None,
         }
     }
 
@@ -72,8 +76,10 @@ impl DirectRead {
 
     /// The buffer; its first [`DirectRead::len`] bytes hold what was read
     /// once the queue reported the read complete and successful.
-    pub fn into_buf(self) -> AlignedBuf {
+    pub fn into_bytes(self) -> Bytes {
+        let len = self.len;
         self.buf
+            .unwrap_or_else(|| Bytes::from_owner(AlignedBuf::new_zeroed(len)))
     }
 
     /// Device byte offset where it starts.
@@ -123,8 +129,9 @@ impl DirectRead {
             "{self:?} is not inside {cover:?}"
         );
         let at = (self.offset - cover.offset) as usize;
-        let len = self.len;
-        self.buf[..len].copy_from_slice(&cover.buf[at..at + len]);
+        // A cover that never ran read nothing (the queue fills every read
+        // it finishes, even a failed one).
+        self.buf = cover.buf.as_ref().map(|read| read.slice(at..at + self.len));
     }
 }
 
@@ -141,6 +148,8 @@ impl std::fmt::Debug for DirectRead {
 struct InFlight<T> {
     read: DirectRead,
     tag: T,
+    /// Where the kernel writes what it reads.
+    dest: UninitBuf,
 }
 
 /// A ring of device reads that complete asynchronously (see the module doc).
@@ -232,14 +241,18 @@ impl<T> ReadQueue<T> {
                 self.slots.len() - 1
             }
         };
-        let mut entry = InFlight { read, tag };
-        let sqe = opcode::Read::new(types::Fd(entry.read.fd), entry.read.buf.as_mut_ptr(), len)
+        let mut entry = InFlight {
+            dest: UninitBuf::new(read.len),
+            read,
+            tag,
+        };
+        let sqe = opcode::Read::new(types::Fd(entry.read.fd), entry.dest.as_mut_ptr(), len)
             .offset(entry.read.offset)
             .build()
             .user_data(slot as u64);
-        // SAFETY: the buffer lives in `self.slots[slot]` (a heap allocation
-        // that moving `entry` does not move) until the completion for
-        // `slot` is reaped, and `Drop` waits for every read in flight.
+        // SAFETY: the buffer (`dest`, a heap allocation that moving `entry`
+        // does not move) lives in `self.slots[slot]` until the completion
+        // for `slot` is reaped, and `Drop` waits for every read in flight.
         let queued = unsafe { self.ring.submission().push(&sqe) }.is_ok();
         if !queued {
             self.free.push(slot);
@@ -301,10 +314,15 @@ impl<T> ReadQueue<T> {
             .map(|cqe| (cqe.user_data() as usize, cqe.result()))
             .collect();
         for (slot, res) in finished {
-            let Some(entry) = self.slots.get_mut(slot).and_then(Option::take) else {
+            let Some(mut entry) = self.slots.get_mut(slot).and_then(Option::take) else {
                 continue; // not ours: cannot happen, nothing to give back
             };
             self.free.push(slot);
+            let written = usize::try_from(res).unwrap_or(0);
+            // SAFETY: the kernel reported `written` bytes read into the
+            // front of `dest` (none on an error), and is done with it.
+            let filled = unsafe { entry.dest.assume_init_prefix(written) };
+            entry.read.buf = Some(Bytes::from_owner(filled));
             let outcome = match usize::try_from(res) {
                 Ok(n) if n == entry.read.len => {
                     entry.read.dev.note_read(entry.read.offset, n);
@@ -435,7 +453,7 @@ mod tests {
         }
         for (part, first) in parts.into_iter().zip([5u8, 2, 3, 9]) {
             let len = part.len();
-            let buf = part.into_buf();
+            let buf = part.into_bytes();
             let want: Vec<u8> = (0..len / PS as usize)
                 .flat_map(|p| vec![first + p as u8; PS as usize])
                 .collect();
@@ -465,7 +483,7 @@ mod tests {
         for (page, read, outcome) in done {
             outcome.unwrap();
             let len = read.len();
-            let buf = read.into_buf();
+            let buf = read.into_bytes();
             let want: Vec<u8> = [page as u8, page as u8 + 1]
                 .iter()
                 .flat_map(|&p| vec![p; PS as usize])
