@@ -55,30 +55,35 @@ enum Command {
     Mount(fs_cmd::MountArgs),
 }
 
-/// Makes glibc's malloc give large buffers back to the system when they are
-/// freed. By default it raises its mmap threshold after the first large
-/// free (up to 32 MiB), so later large buffers — a multi-MiB value read on
-/// one of the many executor and I/O threads — come from per-thread arenas,
-/// which keep the memory: a client reading 200 values of 16 MiB left the
-/// node at 2 GiB resident for good. A fixed 1 MiB threshold maps every
-/// buffer of that size or more on its own and unmaps it on free. Fixing it
-/// also fixes the trim threshold, which must stay well above the read
-/// buffers (up to 256 KiB) that batched GETs allocate and free all the
-/// time, or every batch would hand its pages back and fault them in again
-/// (4.5× the page faults and +13 % CPU per GET at -P 16 with the default
-/// 128 KiB). Small allocations are unaffected.
-fn return_large_buffers_to_the_system() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator parameters; it is called before
-    // any thread is started.
+/// Lets memory freed by the allocator stay mapped for a second before
+/// mimalloc gives it back to the system (its default is 10 ms). Buffers of
+/// replies and device reads are freed and allocated again all the time; a
+/// page given back is faulted in again on its next use, and a page fault in
+/// a virtual machine is expensive: at 10 ms the NBD adapter took up to 0.6
+/// page faults per random 8 KiB read in some runs (9 % of its CPU in the
+/// kernel's page clearing), at 1 s none (`bench/RESULTS.md`, session 18). Memory freed after a burst still goes back, a second later. An
+/// operator's `MIMALLOC_PURGE_DELAY` wins.
+fn keep_freed_memory_a_second() {
+    use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};
+    /// `mi_option_purge_delay` (its place in mimalloc's option enum, v2 and
+    /// v3 alike; the Rust bindings do not name it).
+    const PURGE_DELAY: mi_option_t = 15;
+    /// mimalloc's default purge delay, ms: seeing it confirms the option.
+    const DEFAULT_MS: std::ffi::c_long = 10;
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    // SAFETY: reading and setting an allocator option by its documented
+    // index; mimalloc reads this option each time it schedules a purge.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 8 << 20);
+        if mi_option_get(PURGE_DELAY) == DEFAULT_MS {
+            mi_option_set(PURGE_DELAY, 1000);
+        }
     }
 }
 
 fn main() {
-    return_large_buffers_to_the_system();
+    keep_freed_memory_a_second();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
