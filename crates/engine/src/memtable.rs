@@ -259,6 +259,59 @@ mod tests {
         assert_eq!(keys[0].1, 5);
     }
 
+    /// The contract readers rely on (see `memindex.rs`): a reader at a
+    /// published sequence number finds, for every key, exactly the newest
+    /// version at or below it, while a writer goes on inserting newer ones
+    /// (which the index holds before the skiplist search must answer).
+    #[test]
+    fn readers_at_a_published_seq_see_every_version_up_to_it() {
+        use std::sync::atomic::AtomicU64;
+        use std::sync::Arc;
+        const KEYS: u64 = 2_000;
+        const LAST: u64 = 40_000;
+        let m = Arc::new(Memtable::new());
+        let published = Arc::new(AtomicU64::new(0));
+        let key = |i: u64| format!("key{i:05}").into_bytes();
+        let readers: Vec<_> = (0..2u64)
+            .map(|r| {
+                let (m, published) = (m.clone(), published.clone());
+                std::thread::spawn(move || {
+                    let mut checked = 0u64;
+                    let mut i = r;
+                    loop {
+                        let seen = published.load(Ordering::Acquire);
+                        i = (i * 7 + 13) % KEYS;
+                        // Versions of key i have seqs i+1, i+1+KEYS, ...
+                        let want = (seen > i).then(|| i + 1 + (seen - i - 1) / KEYS * KEYS);
+                        let got = m.get(&key(i), seen).map(|e| e.seq);
+                        assert_eq!(got, want, "key {i} at seq {seen}");
+                        checked += 1;
+                        if seen == LAST {
+                            return checked;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for seq in 1..=LAST {
+            let ptr = ValuePtr {
+                offset: seq as u32,
+                ..Default::default()
+            };
+            m.insert(
+                &key((seq - 1) % KEYS),
+                seq,
+                Kind::Put,
+                ptr,
+                Tagging::Unknown,
+            );
+            published.store(seq, Ordering::Release);
+        }
+        for r in readers {
+            assert!(r.join().expect("reader") > 0);
+        }
+    }
+
     proptest::proptest! {
         /// The head shortcut orders entries exactly as `entry_order` does:
         /// keys around the 32-byte head, prefixes of each other, with
