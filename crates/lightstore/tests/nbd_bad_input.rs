@@ -131,6 +131,41 @@ fn still_serves(sock: &Path, tag: u8) {
     assert!(closed(&mut s), "DISC closes");
 }
 
+/// Requests and a DISC sent in one write (read by the server in one read
+/// call, handed to its batchers as one group): every request is answered
+/// before the connection closes.
+fn pipelined_requests_then_disc_are_all_answered(sock: &Path) {
+    let mut s = open(sock);
+    let mut b = Vec::new();
+    let mut add = |kind: u16, handle: u64, offset: u64, payload: &[u8], length: u32| {
+        b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&kind.to_be_bytes());
+        b.extend_from_slice(&handle.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&length.to_be_bytes());
+        b.extend_from_slice(payload);
+    };
+    add(1, 20, 8192, &[5; 512], 512);
+    for h in 21..=24u64 {
+        add(0, h, 1 << 20 | (h * 512), &[], 512);
+    }
+    add(2, 25, 0, &[], 0);
+    s.write_all(&b).expect("requests");
+    let mut answered = Vec::new();
+    for _ in 0..5 {
+        let (err, handle) = simple_reply(&mut s);
+        assert_eq!(err, 0, "request {handle}");
+        if handle != 20 {
+            assert_eq!(read_n(&mut s, 512), vec![0; 512], "read {handle}");
+        }
+        answered.push(handle);
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, vec![20, 21, 22, 23, 24]);
+    assert!(closed(&mut s), "DISC closes after the replies");
+}
+
 #[test]
 fn bad_clients_get_errors_or_closed_connections_and_the_server_lives() {
     let node = Node::start(&[]);
@@ -230,4 +265,5 @@ fn bad_clients_get_errors_or_closed_connections_and_the_server_lives() {
             .expect("partial");
     }
     still_serves(&sock, 2);
+    pipelined_requests_then_disc_are_all_answered(&sock);
 }

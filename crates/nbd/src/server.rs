@@ -3,9 +3,10 @@
 //!
 //! The handshake runs on the async runtime; then each connection gets its
 //! own blocking threads, since the cluster client blocks: a reader that
-//! queues requests (at most [`MAX_IN_FLIGHT`] waiting) and [`BATCHERS`]
-//! batchers that run what has queued in batches and write each batch's
-//! replies themselves, out of order.
+//! queues requests (those read in one read call together, at most
+//! [`MAX_IN_FLIGHT`] such groups waiting) and [`BATCHERS`] batchers that
+//! run what has queued in batches and write each batch's replies
+//! themselves, out of order.
 //!
 //! `CAN_MULTI_CONN` is advertised because it holds: every connection to an
 //! export in this process shares one [`Blocks`] (so one set of chunk locks)
@@ -30,8 +31,9 @@ use crate::error::{errno, NbdError, Result};
 use crate::proto::{self, cflag, chunk, cmd, opt, rep, tflag, Request, REQUEST_LEN};
 use crate::volume;
 
-/// Requests of one connection waiting for a batcher, at most; the reader
-/// stops reading while that many wait. A batch takes at most as many.
+/// Groups of requests of one connection waiting for a batcher, at most;
+/// the reader stops reading while that many wait. A batch gathers groups
+/// while it holds fewer requests than this.
 pub const MAX_IN_FLIGHT: usize = 64;
 /// Largest READ or WRITE payload (the protocol's interoperable maximum).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
@@ -412,10 +414,11 @@ impl NbdServer {
             sock: Mutex::new(sock.try_clone()?),
             broken: std::sync::atomic::AtomicBool::new(false),
         });
-        // At most MAX_IN_FLIGHT requests wait for a batcher; then the
+        // At most MAX_IN_FLIGHT groups of requests (each at most MAX_GROUP
+        // requests or about MAX_BATCH_BYTES) wait for a batcher; then the
         // reader stops reading, so a client that does not read its
         // replies stops being read too.
-        let (jobs, queued) = crossbeam_channel::bounded::<Job>(MAX_IN_FLIGHT);
+        let (jobs, queued) = crossbeam_channel::bounded::<Vec<Job>>(MAX_IN_FLIGHT);
         let mut batchers = Vec::with_capacity(BATCHERS);
         for _ in 0..BATCHERS {
             let (session, queued, out) = (session.clone(), queued.clone(), out.clone());
@@ -427,6 +430,11 @@ impl NbdServer {
             );
         }
         let mut rd = std::io::BufReader::with_capacity(READ_BUFFER, sock);
+        // Requests read together are handed to the batchers together: one
+        // wake-up per read call instead of one per request, and batches
+        // as large as what the client sent at once.
+        let mut group: Vec<Job> = Vec::new();
+        let mut group_bytes = 0usize;
         let outcome = loop {
             let mut header = [0u8; REQUEST_LEN];
             match rd.read_exact(&mut header) {
@@ -455,12 +463,23 @@ impl NbdServer {
                 break Ok(());
             }
             let slot = InFlight::new(&self.in_flight);
-            if jobs.send((req, payload, slot)).is_err() {
+            group_bytes += payload.len().max(req.length as usize);
+            group.push((req, payload, slot));
+            let more_read = rd.buffer().len() >= REQUEST_LEN;
+            if more_read && group.len() < MAX_GROUP && group_bytes < MAX_BATCH_BYTES {
+                continue;
+            }
+            group_bytes = 0;
+            if jobs.send(std::mem::take(&mut group)).is_err() {
                 break Ok(());
             }
         };
         // DISC, end of stream, shutdown or a broken reply stream: the
-        // batchers finish what is queued, then the connection closes.
+        // batchers finish what is queued (the last group too), then the
+        // connection closes.
+        if !group.is_empty() {
+            let _ = jobs.send(group);
+        }
         drop(jobs);
         for b in batchers {
             let _ = b.join();
@@ -476,15 +495,20 @@ impl NbdServer {
     /// one multi-get and many writes one cluster write (the cluster round
     /// trips per request drop with the depth), while large requests keep
     /// the batchers working in parallel.
-    fn batch_loop(&self, s: &Session, queued: crossbeam_channel::Receiver<Job>, out: &Replies) {
-        while let Ok(first) = queued.recv() {
-            let mut bytes = first.1.len().max(first.0.length as usize);
-            let mut batch = vec![first];
+    fn batch_loop(
+        &self,
+        s: &Session,
+        queued: crossbeam_channel::Receiver<Vec<Job>>,
+        out: &Replies,
+    ) {
+        let job_bytes = |j: &Job| j.1.len().max(j.0.length as usize);
+        while let Ok(mut batch) = queued.recv() {
+            let mut bytes: usize = batch.iter().map(job_bytes).sum();
             while batch.len() < MAX_IN_FLIGHT && bytes < MAX_BATCH_BYTES {
                 match queued.try_recv() {
-                    Ok(j) => {
-                        bytes += j.1.len().max(j.0.length as usize);
-                        batch.push(j);
+                    Ok(group) => {
+                        bytes += group.iter().map(job_bytes).sum::<usize>();
+                        batch.extend(group);
                     }
                     Err(_) => break,
                 }
@@ -833,6 +857,9 @@ impl Drop for InFlight {
 /// A batch stops gathering requests once it holds this many bytes (read
 /// or written).
 const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Requests the reader hands over together at most (see
+/// [`NbdServer::transmission`]).
+const MAX_GROUP: usize = 16;
 /// Batchers per connection.
 const BATCHERS: usize = 4;
 /// Bytes the reader takes from the socket per read call, at most (many
