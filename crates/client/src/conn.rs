@@ -401,11 +401,17 @@ mod tests {
         })
     }
 
-    #[test]
-    fn requests_are_encoded_as_resp_and_split_replies_are_put_together() {
-        let dir = std::env::temp_dir().join(format!("ls-conn-{}", std::process::id()));
+    /// An empty directory for one test's socket, named by `tag`.
+    fn fresh_dir(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ls-conn-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
+    #[test]
+    fn requests_are_encoded_as_resp_and_split_replies_are_put_together() {
+        let dir = fresh_dir("encode");
         let path = dir.join("node.sock");
         // Short and long arguments (long ones are written in place).
         let big: Vec<u8> = (0..BORROW_ARG * 5).map(|i| i as u8).collect();
@@ -464,9 +470,7 @@ mod tests {
     /// timeout as it was.
     #[test]
     fn a_silent_node_times_out_at_the_call_timeout() {
-        let dir = std::env::temp_dir().join(format!("ls-conn-silent-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = fresh_dir("silent");
         let path = dir.join("node.sock");
         let listener = UnixListener::bind(&path).expect("bind");
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();

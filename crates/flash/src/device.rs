@@ -106,21 +106,7 @@ impl AlignedBuf {
     /// # Panics
     /// If the rounded length overflows `isize` (like `Vec`'s capacity overflow).
     pub fn new_zeroed(len: usize) -> AlignedBuf {
-        let len = len
-            .checked_next_multiple_of(IO_ALIGN)
-            .expect("AlignedBuf capacity overflow");
-        if len == 0 {
-            // An aligned non-null address; never dereferenced for a zero-length slice.
-            let ptr = NonNull::new(std::ptr::without_provenance_mut(IO_ALIGN))
-                .expect("IO_ALIGN is nonzero");
-            return AlignedBuf { ptr, len };
-        }
-        let layout = Self::layout(len);
-        // SAFETY: `layout` has a nonzero size (len > 0 here).
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
+        let (ptr, len) = allocate(len, Fill::Zeroed);
         AlignedBuf { ptr, len }
     }
 
@@ -165,6 +151,43 @@ impl AlignedBuf {
     }
 }
 
+/// What [`allocate`] leaves in the bytes it allocates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    Zeroed,
+    Uninit,
+}
+
+/// Allocates `len` bytes rounded up to [`IO_ALIGN`], [`IO_ALIGN`]-aligned
+/// (the layout [`AlignedBuf::layout`] frees): the start and the rounded
+/// length. A zero length gets an aligned dangling pointer, which is never
+/// dereferenced or freed.
+///
+/// # Panics
+/// If the rounded length overflows `isize` (like `Vec`'s capacity overflow).
+fn allocate(len: usize, fill: Fill) -> (NonNull<u8>, usize) {
+    let len = len
+        .checked_next_multiple_of(IO_ALIGN)
+        .expect("AlignedBuf capacity overflow");
+    if len == 0 {
+        let ptr =
+            NonNull::new(std::ptr::without_provenance_mut(IO_ALIGN)).expect("IO_ALIGN is nonzero");
+        return (ptr, len);
+    }
+    let layout = AlignedBuf::layout(len);
+    // SAFETY: `layout` has a nonzero size (len > 0 here).
+    let raw = unsafe {
+        match fill {
+            Fill::Zeroed => alloc::alloc_zeroed(layout),
+            Fill::Uninit => alloc::alloc(layout),
+        }
+    };
+    let Some(ptr) = NonNull::new(raw) else {
+        alloc::handle_alloc_error(layout)
+    };
+    (ptr, len)
+}
+
 /// An allocation laid out like an [`AlignedBuf`] whose bytes are not
 /// initialized yet: the destination of a device read, which would only
 /// overwrite zeros written first (for a random read, zeroing the buffer
@@ -186,20 +209,7 @@ impl UninitBuf {
     /// # Panics
     /// If the rounded length overflows `isize` (as [`AlignedBuf::new_zeroed`]).
     pub fn new(len: usize) -> UninitBuf {
-        let len = len
-            .checked_next_multiple_of(IO_ALIGN)
-            .expect("AlignedBuf capacity overflow");
-        if len == 0 {
-            let ptr = NonNull::new(std::ptr::without_provenance_mut(IO_ALIGN))
-                .expect("IO_ALIGN is nonzero");
-            return UninitBuf { ptr, len };
-        }
-        let layout = AlignedBuf::layout(len);
-        // SAFETY: `layout` has a nonzero size (len > 0 here).
-        let raw = unsafe { alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
+        let (ptr, len) = allocate(len, Fill::Uninit);
         UninitBuf { ptr, len }
     }
 

@@ -98,14 +98,20 @@ fn open(sock: &Path) -> UnixStream {
     }
 }
 
-fn request(s: &mut UnixStream, kind: u16, handle: u64, offset: u64, length: u32, payload: &[u8]) {
-    let mut b = 0x2560_9513u32.to_be_bytes().to_vec();
+/// Appends one request (header and payload) to `b`.
+fn encode(b: &mut Vec<u8>, kind: u16, handle: u64, offset: u64, length: u32, payload: &[u8]) {
+    b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
     b.extend_from_slice(&0u16.to_be_bytes());
     b.extend_from_slice(&kind.to_be_bytes());
     b.extend_from_slice(&handle.to_be_bytes());
     b.extend_from_slice(&offset.to_be_bytes());
     b.extend_from_slice(&length.to_be_bytes());
     b.extend_from_slice(payload);
+}
+
+fn request(s: &mut UnixStream, kind: u16, handle: u64, offset: u64, length: u32, payload: &[u8]) {
+    let mut b = Vec::new();
+    encode(&mut b, kind, handle, offset, length, payload);
     s.write_all(&b).expect("request");
 }
 
@@ -137,20 +143,11 @@ fn still_serves(sock: &Path, tag: u8) {
 fn pipelined_requests_then_disc_are_all_answered(sock: &Path) {
     let mut s = open(sock);
     let mut b = Vec::new();
-    let mut add = |kind: u16, handle: u64, offset: u64, payload: &[u8], length: u32| {
-        b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-        b.extend_from_slice(&0u16.to_be_bytes());
-        b.extend_from_slice(&kind.to_be_bytes());
-        b.extend_from_slice(&handle.to_be_bytes());
-        b.extend_from_slice(&offset.to_be_bytes());
-        b.extend_from_slice(&length.to_be_bytes());
-        b.extend_from_slice(payload);
-    };
-    add(1, 20, 8192, &[5; 512], 512);
+    encode(&mut b, 1, 20, 8192, 512, &[5; 512]);
     for h in 21..=24u64 {
-        add(0, h, 1 << 20 | (h * 512), &[], 512);
+        encode(&mut b, 0, h, 1 << 20 | (h * 512), 512, &[]);
     }
-    add(2, 25, 0, &[], 0);
+    encode(&mut b, 2, 25, 0, 0, &[]);
     s.write_all(&b).expect("requests");
     let mut answered = Vec::new();
     for _ in 0..5 {
