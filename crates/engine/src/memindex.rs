@@ -50,9 +50,7 @@ pub struct MemIndex {
 
 impl Default for MemIndex {
     fn default() -> Self {
-        Self {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
-        }
+        Self::with_capacity(0)
     }
 }
 

@@ -123,6 +123,18 @@ impl KeyArena {
     }
 }
 
+/// A skiplist entry as the version it holds.
+fn entry_of(e: &crossbeam_skiplist::map::Entry<'_, IKey, (Kind, ValuePtr, Tagging)>) -> Entry {
+    let (kind, ptr, tag) = *e.value();
+    Entry {
+        key: e.key().key.clone(),
+        seq: e.key().seq,
+        kind,
+        ptr,
+        tag,
+    }
+}
+
 /// An L0 memtable.
 #[derive(Default)]
 pub struct Memtable {
@@ -181,13 +193,7 @@ impl Memtable {
     fn search(&self, key: &[u8], seq: SeqNo) -> Option<Entry> {
         let start = IKey::new(Bytes::copy_from_slice(key), seq);
         let e = self.map.range(start..).next()?;
-        (e.key().key.as_ref() == key).then(|| Entry {
-            key: e.key().key.clone(),
-            seq: e.key().seq,
-            kind: e.value().0,
-            ptr: e.value().1,
-            tag: e.value().2,
-        })
+        (e.key().key.as_ref() == key).then(|| entry_of(&e))
     }
 
     /// All entries ordered at or after `(from, SeqNo::MAX)`, in order.
@@ -195,13 +201,7 @@ impl Memtable {
         let start = IKey::new(Bytes::copy_from_slice(from), SeqNo::MAX);
         self.map
             .range((Bound::Included(start), Bound::Unbounded))
-            .map(|e| Entry {
-                key: e.key().key.clone(),
-                seq: e.key().seq,
-                kind: e.value().0,
-                ptr: e.value().1,
-                tag: e.value().2,
-            })
+            .map(|e| entry_of(&e))
     }
 
     /// The largest key held.

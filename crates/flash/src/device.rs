@@ -188,6 +188,17 @@ fn allocate(len: usize, fill: Fill) -> (NonNull<u8>, usize) {
     (ptr, len)
 }
 
+/// Frees what [`allocate`] returned (nothing for a zero length).
+///
+/// # Safety
+/// `(ptr, len)` came from [`allocate`] and is not freed again.
+unsafe fn deallocate(ptr: NonNull<u8>, len: usize) {
+    if len != 0 {
+        // SAFETY: allocated with exactly this layout (the caller's promise).
+        unsafe { alloc::dealloc(ptr.as_ptr(), AlignedBuf::layout(len)) }
+    }
+}
+
 /// An allocation laid out like an [`AlignedBuf`] whose bytes are not
 /// initialized yet: the destination of a device read, which would only
 /// overwrite zeros written first (for a random read, zeroing the buffer
@@ -240,20 +251,17 @@ impl UninitBuf {
 
 impl Drop for UninitBuf {
     fn drop(&mut self) {
-        if self.len != 0 {
-            // SAFETY: allocated in `new` with exactly this layout and not freed before.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), AlignedBuf::layout(self.len)) }
-        }
+        // SAFETY: from `allocate` in `new`, owned exclusively and not freed
+        // before (`assume_init_prefix` forgets what it hands on).
+        unsafe { deallocate(self.ptr, self.len) }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.len != 0 {
-            // SAFETY: allocated (in `new_zeroed` or `UninitBuf::new`) with
-            // exactly this layout and not freed before.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
-        }
+        // SAFETY: from `allocate` (in `new_zeroed` or `UninitBuf::new`),
+        // owned exclusively and not freed before.
+        unsafe { deallocate(self.ptr, self.len) }
     }
 }
 

@@ -318,12 +318,12 @@ impl<T> ReadQueue<T> {
                 continue; // not ours: cannot happen, nothing to give back
             };
             self.free.push(slot);
-            let written = usize::try_from(res).unwrap_or(0);
-            // SAFETY: the kernel reported `written` bytes read into the
+            let read = usize::try_from(res);
+            // SAFETY: the kernel reported that many bytes read into the
             // front of `dest` (none on an error), and is done with it.
-            let filled = unsafe { entry.dest.assume_init_prefix(written) };
+            let filled = unsafe { entry.dest.assume_init_prefix(read.unwrap_or(0)) };
             entry.read.buf = Some(Bytes::from_owner(filled));
-            let outcome = match usize::try_from(res) {
+            let outcome = match read {
                 Ok(n) if n == entry.read.len => {
                     entry.read.dev.note_read(entry.read.offset, n);
                     Ok(())

@@ -61,7 +61,8 @@ enum Command {
 /// page given back is faulted in again on its next use, and a page fault in
 /// a virtual machine is expensive: at 10 ms the NBD adapter took up to 0.6
 /// page faults per random 8 KiB read in some runs (9 % of its CPU in the
-/// kernel's page clearing), at 1 s none (`bench/RESULTS.md`, session 18). Memory freed after a burst still goes back, a second later. An
+/// kernel's page clearing), at 1 s none (`bench/RESULTS.md`, session 18).
+/// Memory freed after a burst still goes back, a second later. An
 /// operator's `MIMALLOC_PURGE_DELAY` wins.
 fn keep_freed_memory_a_second() {
     use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};

@@ -463,8 +463,9 @@ impl NbdServer {
                 break Ok(());
             }
             let slot = InFlight::new(&self.in_flight);
-            group_bytes += payload.len().max(req.length as usize);
-            group.push((req, payload, slot));
+            let job = (req, payload, slot);
+            group_bytes += job_bytes(&job);
+            group.push(job);
             let more_read = rd.buffer().len() >= REQUEST_LEN;
             if more_read && group.len() < MAX_GROUP && group_bytes < MAX_BATCH_BYTES {
                 continue;
@@ -501,7 +502,6 @@ impl NbdServer {
         queued: crossbeam_channel::Receiver<Vec<Job>>,
         out: &Replies,
     ) {
-        let job_bytes = |j: &Job| j.1.len().max(j.0.length as usize);
         while let Ok(mut batch) = queued.recv() {
             let mut bytes: usize = batch.iter().map(job_bytes).sum();
             while batch.len() < MAX_IN_FLIGHT && bytes < MAX_BATCH_BYTES {
@@ -805,6 +805,11 @@ impl NbdServer {
 /// the connection's requests (released once its reply is written) and its
 /// count in the server's requests in flight.
 type Job = (Request, Vec<u8>, InFlight);
+
+/// The bytes a request moves: its payload, or what it reads.
+fn job_bytes((req, payload, _): &Job) -> usize {
+    payload.len().max(req.length as usize)
+}
 
 /// Where a connection's batchers write their replies.
 struct Replies {
