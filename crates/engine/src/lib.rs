@@ -26,6 +26,7 @@ mod keytable;
 mod maint;
 mod manifest;
 mod memindex;
+mod memruns;
 mod memtable;
 mod options;
 mod record;

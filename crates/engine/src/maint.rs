@@ -23,6 +23,14 @@ use crate::vlog::LogPosition;
 /// How often background maintenance repeats its out-of-space warning.
 const NO_SPACE_WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// How far over its size target L1 may grow before a due flush waits for
+/// compaction. A flush merges the memtable into L1, so its cost is L1's
+/// size: when writes outran compaction, L1 grew with every flush, each
+/// flush cost more than the last and the backlog fed itself (a random fill
+/// of 40 M small values wrote three times the keytable bytes of 20 M).
+/// Writers wait meanwhile through the flush debt (`DbInner::throttle`).
+const L1_BACKLOG: u64 = 2;
+
 /// Flash segment kind tag for keytable segments.
 pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
 
@@ -82,7 +90,13 @@ impl DbInner {
         }
         for _ in 0..1000 {
             let mut did = false;
-            if self.memtable_full() || (self.space_low() && !self.sv.read().mem.is_empty()) {
+            let space_low = self.space_low();
+            let flush_due = self.memtable_full() || (space_low && !self.sv.read().mem.is_empty());
+            // Short of space the flush comes first: it releases what GC freed.
+            if flush_due && !space_low && self.l1_backlogged() && self.compact_one(&mut st)? {
+                continue;
+            }
+            if flush_due {
                 self.flush_locked(&mut st, kt_reserve::FLUSH)?;
                 did = true;
             }
@@ -103,6 +117,12 @@ impl DbInner {
             self.checkpoint(&mut st)?;
         }
         Ok(())
+    }
+
+    /// Whether L1 is more than [`L1_BACKLOG`] times its size target.
+    fn l1_backlogged(&self) -> bool {
+        let l1 = self.sv.read().version.level_bytes(0, self.page);
+        l1 > self.opts.l1_bytes.saturating_mul(L1_BACKLOG)
     }
 
     pub(crate) fn space_low(&self) -> bool {

@@ -1,24 +1,26 @@
 //! A memtable's point index: the newest version of every key the memtable
-//! holds, found by hashing the key instead of searching the skiplist.
+//! holds, found by hashing the key instead of searching the sorted runs.
 //!
-//! A point lookup in a skiplist of a million entries visits some forty
-//! nodes, most of them a cache miss; on a node serving GETs of recently
-//! written keys that search was a tenth of the CPU time per GET. The index
-//! answers with one or two misses, and answers "not in this memtable" just
+//! A point lookup in a skiplist of a million entries (the memtable's
+//! ordered structure when the index was added) visited some forty nodes,
+//! most of them a cache miss; on a node serving GETs of recently written
+//! keys that search was a tenth of the CPU time per GET. The index answers
+//! with one or two misses, and answers "not in this memtable" just
 //! as fast (the common case for a read of older data).
 //!
 //! Contract (what [`crate::memtable::Memtable::get`] relies on):
 //! - [`MemIndex::note`] is called for every version inserted into the
-//!   memtable, after the skiplist insert and before the version's sequence
-//!   number is published to readers (the writer's callback does both).
+//!   memtable, after the insert into its sorted runs and before the
+//!   version's sequence number is published to readers (the writer's
+//!   callback does both).
 //! - The index then holds, for every key, the version with the highest
 //!   sequence number noted; of equal ones, the last noted (a GC relocation
-//!   replaces the pointer of the same version, as the skiplist does).
+//!   replaces the pointer of the same version, as the sorted runs do).
 //! - A reader at sequence number `seq` that finds no key in the index knows
 //!   that no version of it at or below `seq` is in the memtable; one that
 //!   finds a version at or below `seq` has the newest visible one; one that
 //!   finds a newer version (written after its snapshot) must search the
-//!   skiplist for an older one.
+//!   sorted runs for an older one.
 
 use hashbrown::hash_table::Entry as Slot;
 use hashbrown::HashTable;
@@ -39,7 +41,7 @@ pub enum Known {
     /// The newest version at or below the sequence number asked.
     Newest(Entry),
     /// The newest version is later than the sequence number asked: the
-    /// skiplist must be searched.
+    /// memtable's sorted runs must be searched.
     Later,
 }
 
@@ -139,7 +141,7 @@ mod tests {
     }
 
     #[test]
-    fn newest_version_answers_and_later_ones_defer_to_the_skiplist() {
+    fn newest_version_answers_and_later_ones_defer_to_the_runs() {
         let ix = MemIndex::default();
         assert!(ix.note(&entry(b"a", 5, 50)));
         assert!(

@@ -1,21 +1,19 @@
-//! The L0 memtable: a lock-free ordered map from `(key, seq)` to a value
-//! pointer. Values themselves stay in the value log's page buffers (or on the
-//! device once written), so the memtable holds keys and pointers only. Point
-//! lookups go through a hash index of each key's newest version
-//! ([`crate::memindex`]); the skiplist serves ordered scans and reads of
-//! older versions.
+//! The L0 memtable: the versions written since the last flush, as
+//! `(key, seq)` to a value pointer. Values themselves stay in the value
+//! log's page buffers (or on the device once written), so the memtable
+//! holds keys and pointers only. Point lookups go through a hash index of
+//! each key's newest version ([`crate::memindex`]); sorted runs
+//! ([`crate::memruns`]) serve ordered scans, flushes and reads of older
+//! versions.
 
-use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
-use crossbeam_skiplist::SkipMap;
 use parking_lot::Mutex;
 
 use crate::memindex::{Known, MemIndex};
+use crate::memruns::SortedRuns;
 use crate::tag::Tagging;
-#[cfg(doc)]
-use crate::types::entry_order;
 use crate::types::{Entry, Kind, SeqNo, ValuePtr};
 
 /// Per-entry DRAM overhead charged on top of the key bytes.
@@ -24,82 +22,13 @@ const ENTRY_OVERHEAD: usize = 64;
 /// hash table at its usual fill).
 const INDEX_OVERHEAD: usize = 96;
 
-/// Bytes of a key kept inline in its skiplist entry as [`KeyHead`]. Keys
-/// often share a long prefix (a table or volume name, then a number), so
-/// the head covers 32 bytes: the adapters' chunk and metadata keys and the
-/// usual `user1234…` keys fit whole, and a search then never leaves the
-/// node it is on to compare key bytes.
-const HEAD_LEN: usize = 32;
-
-/// A key's first [`HEAD_LEN`] bytes, zero-padded, as big-endian words:
-/// comparing heads orders keys like comparing their first 32 bytes.
-type KeyHead = [u64; HEAD_LEN / 8];
-
-fn head_of(key: &[u8]) -> KeyHead {
-    let mut b = [0u8; HEAD_LEN];
-    let n = key.len().min(HEAD_LEN);
-    b[..n].copy_from_slice(&key[..n]);
-    let mut head = [0u64; HEAD_LEN / 8];
-    for (word, bytes) in head.iter_mut().zip(b.chunks_exact(8)) {
-        *word = u64::from_be_bytes(bytes.try_into().unwrap_or([0; 8]));
-    }
-    head
-}
-
-/// A memtable entry's key: `(user key, seq)` ordered by [`entry_order`].
-///
-/// The key's head is kept beside the key's `Bytes`, so a skiplist search
-/// compares two integers on the node it already loaded and reads the key's
-/// heap bytes only when the heads tie. Without it every visited node cost a
-/// second cache miss, and inserts were a quarter of a node's CPU time.
-///
-/// Equal heads mean the keys agree on their first 32 bytes, except that a
-/// shorter key is zero-padded. If either key is at most 32 bytes long, the
-/// shorter key is then a prefix of the longer (or they are equal), so the
-/// lengths decide; otherwise the tails decide.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct IKey {
-    head: KeyHead,
-    key: Bytes,
-    seq: SeqNo,
-}
-
-impl IKey {
-    fn new(key: Bytes, seq: SeqNo) -> Self {
-        Self {
-            head: head_of(&key),
-            key,
-            seq,
-        }
-    }
-}
-
-impl Ord for IKey {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        let by_key = self.head.cmp(&o.head).then_with(|| {
-            let (a, b) = (&self.key, &o.key);
-            if a.len().min(b.len()) <= HEAD_LEN {
-                a.len().cmp(&b.len())
-            } else {
-                a[HEAD_LEN..].cmp(&b[HEAD_LEN..])
-            }
-        });
-        by_key.then(o.seq.cmp(&self.seq))
-    }
-}
-impl PartialOrd for IKey {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-
 /// Bytes of the chunks a memtable copies its keys into.
 const KEY_CHUNK: usize = 64 << 10;
 /// Keys longer than this get an allocation of their own.
 const KEY_ALONE: usize = KEY_CHUNK / 16;
 
 /// Where a memtable keeps its keys: copied back to back into shared chunks,
-/// so that a key costs no allocation of its own and the skiplist and the
+/// so that a key costs no allocation of its own and the sorted runs and the
 /// point index share it for the price of a reference count (a key copied
 /// into a `Bytes` of its own allocated twice: once for the copy, once more
 /// when it was first shared). A chunk is freed when the memtable and every
@@ -123,22 +52,10 @@ impl KeyArena {
     }
 }
 
-/// A skiplist entry as the version it holds.
-fn entry_of(e: &crossbeam_skiplist::map::Entry<'_, IKey, (Kind, ValuePtr, Tagging)>) -> Entry {
-    let (kind, ptr, tag) = *e.value();
-    Entry {
-        key: e.key().key.clone(),
-        seq: e.key().seq,
-        kind,
-        ptr,
-        tag,
-    }
-}
-
 /// An L0 memtable.
 #[derive(Default)]
 pub struct Memtable {
-    map: SkipMap<IKey, (Kind, ValuePtr, Tagging)>,
+    runs: SortedRuns,
     index: MemIndex,
     keys: KeyArena,
     bytes: AtomicUsize,
@@ -171,8 +88,7 @@ impl Memtable {
             ptr,
             tag,
         };
-        self.map
-            .insert(IKey::new(entry.key.clone(), seq), (kind, ptr, tag));
+        self.runs.insert(entry.clone());
         let new_key = self.index.note(&entry);
         let charge = entry.key.len() + ENTRY_OVERHEAD + if new_key { INDEX_OVERHEAD } else { 0 };
         self.bytes.fetch_add(charge, Ordering::Relaxed);
@@ -189,24 +105,20 @@ impl Memtable {
         }
     }
 
-    /// [`Self::get`] by searching the skiplist.
+    /// [`Self::get`] by searching the sorted runs.
     fn search(&self, key: &[u8], seq: SeqNo) -> Option<Entry> {
-        let start = IKey::new(Bytes::copy_from_slice(key), seq);
-        let e = self.map.range(start..).next()?;
-        (e.key().key.as_ref() == key).then(|| entry_of(&e))
+        self.runs.search(key, seq)
     }
 
-    /// All entries ordered at or after `(from, SeqNo::MAX)`, in order.
+    /// All entries ordered at or after `(from, SeqNo::MAX)`, in order, as
+    /// of the call (later inserts are not seen).
     pub fn iter_from(&self, from: &[u8]) -> impl Iterator<Item = Entry> + '_ {
-        let start = IKey::new(Bytes::copy_from_slice(from), SeqNo::MAX);
-        self.map
-            .range((Bound::Included(start), Bound::Unbounded))
-            .map(|e| entry_of(&e))
+        self.runs.snapshot().iter_from(from)
     }
 
     /// The largest key held.
     pub fn last_key(&self) -> Option<Bytes> {
-        self.map.back().map(|e| e.key().key.clone())
+        self.runs.last_key()
     }
 
     /// Charged DRAM (keys plus per-entry overhead).
@@ -219,22 +131,21 @@ impl Memtable {
         self.log_bytes.load(Ordering::Relaxed)
     }
 
-    /// Number of versions held.
+    /// Number of versions inserted (a GC relocation of a version held
+    /// counts again).
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.runs.inserted()
     }
 
-    /// True if empty.
+    /// True if nothing was inserted.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::entry_order;
-    use proptest::prelude::Just;
 
     #[test]
     fn newest_visible_version_wins() {
@@ -262,7 +173,7 @@ mod tests {
     /// The contract readers rely on (see `memindex.rs`): a reader at a
     /// published sequence number finds, for every key, exactly the newest
     /// version at or below it, while a writer goes on inserting newer ones
-    /// (which the index holds before the skiplist search must answer).
+    /// (which the index holds before the runs' search must answer).
     #[test]
     fn readers_at_a_published_seq_see_every_version_up_to_it() {
         use std::sync::atomic::AtomicU64;
@@ -313,31 +224,12 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The head shortcut orders entries exactly as `entry_order` does:
-        /// keys around the 32-byte head, prefixes of each other, with
-        /// zero bytes (which pad short heads) and equal heads.
-        #[test]
-        fn key_order_is_entry_order(
-            a in proptest::collection::vec(proptest::prop_oneof![Just(0u8), Just(1u8), Just(255u8)], 0..40),
-            b_tail in proptest::collection::vec(proptest::prop_oneof![Just(0u8), Just(1u8), Just(255u8)], 0..40),
-            cut in 0usize..40,
-            sa in 0u64..3,
-            sb in 0u64..3,
-        ) {
-            // b shares a prefix of a (often its whole head), then differs.
-            let mut b = a[..cut.min(a.len())].to_vec();
-            b.extend_from_slice(&b_tail);
-            let (ka, kb) = (IKey::new(Bytes::from(a.clone()), sa), IKey::new(Bytes::from(b.clone()), sb));
-            proptest::prop_assert_eq!(ka.cmp(&kb), entry_order(&a, sa, &b, sb));
-            proptest::prop_assert_eq!(kb.cmp(&ka), entry_order(&b, sb, &a, sa));
-        }
-
-        /// The point index answers every lookup exactly as the skiplist
+        /// The point index answers every lookup exactly as the sorted runs'
         /// search does: random versions of a few keys, inserted in any
         /// order, some twice with a new pointer (GC relocations), read at
         /// every sequence number.
         #[test]
-        fn index_answers_like_the_skiplist(
+        fn index_answers_like_the_runs(
             ops in proptest::collection::vec((0u8..6, 1u64..40, proptest::bool::ANY, 0u32..1000), 1..80),
         ) {
             let m = Memtable::new();

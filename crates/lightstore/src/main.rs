@@ -9,8 +9,8 @@ use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc instead of glibc's malloc: the engine allocates a key and a
-/// skiplist node per write and frees a whole memtable per flush, and
+/// mimalloc instead of glibc's malloc: the engine allocated a key and a
+/// skiplist node per write and freed a whole memtable per flush, and
 /// glibc spent about a fifth of a small-value fill's CPU in malloc, free
 /// and consolidation (`bench/RESULTS.md`).
 #[global_allocator]
