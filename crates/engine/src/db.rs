@@ -352,9 +352,9 @@ impl Db {
         self.inner.maintenance(false)
     }
 
-    /// Flushes the memtable to L1 now.
+    /// Flushes the memtable to L1 now (merging the flushed runs into it).
     pub fn flush(&self) -> Result<()> {
-        self.inner.flush_now()
+        self.inner.flush_into_l1()
     }
 
     /// Runs one value-GC pass now, even below the automatic thresholds;
@@ -1093,6 +1093,7 @@ impl DbInner {
             dram_memtable_bytes: (sv.mem.bytes() + sv.imm.as_ref().map_or(0, |m| m.bytes())) as u64,
             dram_budget_bytes: self.opts.dram_budget as u64,
             keytables_per_level: sv.version.levels.iter().map(|l| l.len()).collect(),
+            flushed_runs: sv.version.runs,
             bytes_per_level: (0..sv.version.levels.len())
                 .map(|i| sv.version.level_bytes(i, self.page))
                 .collect(),

@@ -102,9 +102,10 @@ impl DbInner {
     /// How far GC relocation may dip into the free segments: all but the
     /// last one, which the flush completing the pass may need for its
     /// keytables, or the last one too when the keytable segment already has
-    /// room for that flush. The flush rewrites the first level (random keys
-    /// overlap all of it) with the relocated entries; twice the level's
-    /// pages and a few more leave a wide margin. Without this, a device
+    /// room for that flush. The flush writes the relocated entries as a
+    /// new flushed run, about as large as the first level when that is a
+    /// run (less than L1 when there is none); twice the level's pages and
+    /// a few more leave a wide margin. Without this, a device
     /// whose deletes' flush took the second-last segment could never
     /// relocate, and so never reclaim, anything.
     fn relocation_reserve(&self, st: &MaintState) -> Reserve {

@@ -23,13 +23,21 @@ use crate::vlog::LogPosition;
 /// How often background maintenance repeats its out-of-space warning.
 const NO_SPACE_WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// Flushed runs that are merged into L1 together (see
+/// [`Version::runs`]): a flush writes the memtable as a run of its own
+/// instead of rewriting all of L1 (with random keys a flush used to write
+/// about six times the memtable's keytable bytes, most of a small-value
+/// fill's keytable writes), and L1 is rewritten once per this many
+/// flushes.
+const RUNS_TO_MERGE: usize = 4;
+/// Flushed runs at which a due flush waits for their merge.
+const MAX_RUNS: usize = 2 * RUNS_TO_MERGE;
 /// How far over its size target L1 may grow before a due flush waits for
-/// compaction. A flush merges the memtable into L1, so its cost is L1's
-/// size: when writes outran compaction, L1 grew with every flush, each
-/// flush cost more than the last and the backlog fed itself (a random fill
-/// of 40 M small values wrote three times the keytable bytes of 20 M).
-/// Writers wait meanwhile through the flush debt (`DbInner::throttle`).
-const L1_BACKLOG: u64 = 2;
+/// compaction: merging the runs into L1 costs L1's size, and when writes
+/// outran compaction L1 grew with every merge, each cost more than the
+/// last and the backlog fed itself. Writers wait meanwhile through the
+/// flush debt (`DbInner::throttle`).
+const L1_BACKLOG: u64 = 3;
 
 /// Flash segment kind tag for keytable segments.
 pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
@@ -119,10 +127,13 @@ impl DbInner {
         Ok(())
     }
 
-    /// Whether L1 is more than [`L1_BACKLOG`] times its size target.
+    /// Whether flushing is ahead of compaction: [`MAX_RUNS`] flushed runs,
+    /// or L1 more than [`L1_BACKLOG`] times its size target.
     fn l1_backlogged(&self) -> bool {
-        let l1 = self.sv.read().version.level_bytes(0, self.page);
-        l1 > self.opts.l1_bytes.saturating_mul(L1_BACKLOG)
+        let version = self.sv.read().version.clone();
+        version.runs >= MAX_RUNS
+            || version.level_bytes(version.runs, self.page)
+                > self.opts.l1_bytes.saturating_mul(L1_BACKLOG)
     }
 
     pub(crate) fn space_low(&self) -> bool {
@@ -136,8 +147,20 @@ impl DbInner {
         self.flush_locked(&mut st, kt_reserve::FLUSH)
     }
 
-    /// Freezes the memtable, writes it (merged with overlapping L1
-    /// keytables) as new L1 keytables, installs them and checkpoints.
+    /// Flushes the memtable and merges every flushed run into L1, so that
+    /// what the writes so far overwrote or deleted is released for GC.
+    pub(crate) fn flush_into_l1(&self) -> Result<()> {
+        let mut st = self.maint.lock();
+        self.flush_locked(&mut st, kt_reserve::FLUSH)?;
+        let version = self.sv.read().version.clone();
+        if version.runs > 0 {
+            self.merge_runs(&mut st, &version)?;
+        }
+        Ok(())
+    }
+
+    /// Freezes the memtable, writes it as a new flushed run (see
+    /// [`Version::runs`]), installs it and checkpoints.
     ///
     /// If an earlier flush failed after freezing (out of space, say), its
     /// frozen memtable is still the read path's `imm`: this flush writes
@@ -157,25 +180,19 @@ impl DbInner {
             (sv.imm.clone(), sv.version.clone())
         };
         let mut levels = version.levels.clone();
+        let mut runs = version.runs;
         let mut released = Vec::new();
         if let Some(imm) = imm.filter(|m| !m.is_empty()) {
-            if levels.is_empty() {
-                levels.push(Vec::new());
-            }
-            let lo = imm.iter_from(&[]).next().map(|e| e.key).unwrap_or_default();
-            let hi = last_key(&imm);
-            let range = version.overlapping(0, &lo, &hi);
-            let old: Vec<Arc<Keytable>> = levels[0][range.clone()].to_vec();
-            let sources: Vec<EntryIter<'_>> = vec![
-                Box::new(imm.iter_from(&[]).map(Ok)),
-                Box::new(LevelIter::for_merge(old, &self.ctx)),
-            ];
-            let bottom = levels.iter().skip(1).all(|l| l.is_empty());
+            let sources: Vec<EntryIter<'_>> = vec![Box::new(imm.iter_from(&[]).map(Ok))];
+            let bottom = levels.iter().all(|l| l.is_empty());
             let (out, dropped) = self.build_run(st, MergeIter::new(sources), bottom)?;
-            levels[0].splice(range, out);
+            if !out.is_empty() {
+                levels.insert(0, out);
+                runs += 1;
+            }
             released = dropped;
         }
-        self.install(levels, true);
+        self.install(levels, runs, true);
         for ptr in released {
             self.vlog.release_value(ptr);
         }
@@ -211,13 +228,27 @@ impl DbInner {
         (pos, seq)
     }
 
-    /// Compacts one keytable of the first level over its size target into
-    /// the next level. Returns whether it did anything.
+    /// Merges the flushed runs into L1 once there are [`RUNS_TO_MERGE`] of
+    /// them, else compacts one keytable of the first level over its size
+    /// target into the next level. Returns whether it did anything.
     pub(crate) fn compact_one(&self, st: &mut MaintState) -> Result<bool> {
         let version = self.sv.read().version.clone();
+        let space_low = self.space_low();
+        if !space_low {
+            st.forced_compactions = 0;
+        }
+        let runs = version.runs;
+        if runs >= RUNS_TO_MERGE || (runs > 0 && space_low) {
+            if self.merge_runs(st, &version)? {
+                return Ok(true);
+            }
+            // No room for the whole merge: move the oldest run down a
+            // keytable at a time instead (it is newer than L1).
+            return self.compact_keytable(st, &version, runs - 1);
+        }
         let mut target = self.opts.l1_bytes;
         let mut pick = None;
-        for i in 0..version.levels.len() {
+        for i in runs..version.levels.len() {
             if version.level_bytes(i, self.page) > target && !version.levels[i].is_empty() {
                 pick = Some(i);
                 break;
@@ -227,20 +258,53 @@ impl DbInner {
         // Short of space, push everything toward the last level so deletes
         // and overwrites meet the versions they hide and their values are
         // released for GC (at most one full pass per low-space episode).
-        if pick.is_none()
-            && self.space_low()
-            && st.forced_compactions < self.total_keytables(&version)
-        {
-            pick = (0..version.levels.len().saturating_sub(1))
+        if pick.is_none() && space_low && st.forced_compactions < self.total_keytables(&version) {
+            pick = (runs..version.levels.len().saturating_sub(1))
                 .find(|&i| !version.levels[i].is_empty());
             if pick.is_some() {
                 st.forced_compactions += 1;
             }
         }
-        if !self.space_low() {
-            st.forced_compactions = 0;
+        match pick {
+            Some(li) => self.compact_keytable(st, &version, li),
+            None => Ok(false),
         }
-        let Some(li) = pick else { return Ok(false) };
+    }
+
+    /// Merges every flushed run and L1 into a new L1. `Ok(false)` when
+    /// there is no room for it.
+    fn merge_runs(&self, st: &mut MaintState, version: &Version) -> Result<bool> {
+        let runs = version.runs;
+        st.kt_keep_free = kt_reserve::OPTIONAL;
+        let inputs = (runs + 1).min(version.levels.len());
+        let sources: Vec<EntryIter<'_>> = version.levels[..inputs]
+            .iter()
+            .map(|l| Box::new(LevelIter::for_merge(l.clone(), &self.ctx)) as EntryIter<'_>)
+            .collect();
+        let bottom = version.levels.len() <= runs + 1;
+        let (out, released) = match self.build_run(st, MergeIter::new(sources), bottom) {
+            Ok(r) => r,
+            Err(Error::NoSpace) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let mut levels = vec![out];
+        levels.extend(version.levels.iter().skip(runs + 1).cloned());
+        while levels.last().is_some_and(|l| l.is_empty()) {
+            levels.pop();
+        }
+        self.install(levels, 0, false);
+        for ptr in released {
+            self.vlog.release_value(ptr);
+        }
+        Counters::add(&self.counters.compactions, 1);
+        self.checkpoint(st)?;
+        Ok(true)
+    }
+
+    /// Merges one keytable of level `li` into the level below (round robin
+    /// over the level's key range). A flushed run left empty goes away.
+    fn compact_keytable(&self, st: &mut MaintState, version: &Version, li: usize) -> Result<bool> {
+        let mut runs = version.runs;
         st.kt_keep_free = kt_reserve::OPTIONAL;
         if st.compact_cursor.len() <= li {
             st.compact_cursor.resize(li + 1, Bytes::new());
@@ -272,10 +336,14 @@ impl DbInner {
         };
         levels[li].remove(ki);
         levels[li + 1].splice(range, out);
+        if li < runs && levels[li].is_empty() {
+            levels.remove(li);
+            runs -= 1;
+        }
         while levels.last().is_some_and(|l| l.is_empty()) && levels.len() > 1 {
             levels.pop();
         }
-        self.install(levels, false);
+        self.install(levels, runs, false);
         for ptr in released {
             self.vlog.release_value(ptr);
         }
@@ -285,15 +353,17 @@ impl DbInner {
         Ok(true)
     }
 
-    /// Makes `levels` the current version (dropping the frozen memtable when
-    /// `flushed`) and re-splits the DRAM budget over it.
-    fn install(&self, levels: Vec<Vec<Arc<Keytable>>>, flushed: bool) {
+    /// Makes `levels` (the first `runs` of them flushed runs) the current
+    /// version (dropping the frozen memtable when `flushed`) and re-splits
+    /// the DRAM budget over it.
+    fn install(&self, levels: Vec<Vec<Arc<Keytable>>>, runs: usize, flushed: bool) {
+        debug_assert!(runs <= levels.len() && levels[..runs].iter().all(|l| !l.is_empty()));
         {
             let mut sv = self.sv.write();
             let next = SuperVersion {
                 mem: sv.mem.clone(),
                 imm: if flushed { None } else { sv.imm.clone() },
-                version: Arc::new(Version { levels }),
+                version: Arc::new(Version { levels, runs }),
             };
             *sv = Arc::new(next);
         }
@@ -491,7 +561,7 @@ impl DbInner {
                 moved.push(std::mem::replace(slot, copy));
             }
         }
-        self.install(levels, false);
+        self.install(levels, version.runs, false);
         for old in &moved {
             old.moved.store(true, Ordering::Release);
         }
@@ -553,6 +623,7 @@ impl DbInner {
             replay: st.replay,
             log_segments: self.vlog.segments().into_iter().collect(),
             levels,
+            runs: version.runs as u32,
             keytable_segment: st.kt_seg.as_ref().map(|(r, _)| r.seg()),
             counters: PersistedCounters {
                 user_bytes: self.user_bytes_base + Counters::get(&self.counters.user_bytes),
@@ -560,8 +631,4 @@ impl DbInner {
             },
         }
     }
-}
-
-fn last_key(m: &Memtable) -> Bytes {
-    m.last_key().unwrap_or_default()
 }

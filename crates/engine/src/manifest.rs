@@ -58,6 +58,12 @@ pub struct Manifest {
     pub levels: Vec<Vec<KeytableMeta>>,
     /// The keytable segment being filled, if any.
     pub keytable_segment: Option<SegmentId>,
+    /// How many of the first `levels` are flushed runs (see
+    /// [`crate::version::Version::runs`]). Written last; a manifest without
+    /// it (written before runs) has none. A binary from before runs reads
+    /// them as ordinary levels, which is still correct: each level is
+    /// sorted, and newer than the levels below it.
+    pub runs: u32,
     /// Counters.
     pub counters: Counters,
 }
@@ -156,6 +162,7 @@ impl Manifest {
         }
         w.u64(self.counters.user_bytes);
         w.u64(self.counters.device_bytes);
+        w.u32(self.runs);
         w.0
     }
 
@@ -211,6 +218,16 @@ impl Manifest {
         }
         m.counters.user_bytes = r.u64()?;
         m.counters.device_bytes = r.u64()?;
+        if r.1 < r.0.len() {
+            m.runs = r.u32()?;
+            if m.runs as usize > m.levels.len() {
+                return Err(Error::Corrupt(format!(
+                    "manifest: {} flushed runs in {} levels",
+                    m.runs,
+                    m.levels.len()
+                )));
+            }
+        }
         Ok(m)
     }
 }
@@ -242,12 +259,35 @@ mod tests {
             }]],
             keytable_segment: Some(9),
             counters: Counters::default(),
+            runs: 1,
         };
         let enc = m.encode();
         assert_eq!(Manifest::decode(&enc).expect("decodes"), m);
+        // Without its last field it is a manifest from before flushed runs.
+        let before_runs = enc.len() - 4;
         for cut in 0..enc.len() {
-            assert!(Manifest::decode(&enc[..cut]).is_err());
+            assert_eq!(
+                Manifest::decode(&enc[..cut]).is_ok(),
+                cut == before_runs,
+                "cut {cut}"
+            );
         }
+        let old_style = Manifest::decode(&enc[..before_runs]).expect("decodes");
+        assert_eq!(
+            old_style,
+            Manifest {
+                runs: 0,
+                ..m.clone()
+            }
+        );
+        let too_many = Manifest {
+            runs: 2,
+            ..m.clone()
+        };
+        assert!(matches!(
+            Manifest::decode(&too_many.encode()),
+            Err(Error::Corrupt(_))
+        ));
         let mut old = enc.clone();
         old[..4].copy_from_slice(&1u32.to_le_bytes());
         assert!(matches!(

@@ -116,11 +116,6 @@ impl Memtable {
         self.runs.snapshot().iter_from(from)
     }
 
-    /// The largest key held.
-    pub fn last_key(&self) -> Option<Bytes> {
-        self.runs.last_key()
-    }
-
     /// Charged DRAM (keys plus per-entry overhead).
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)

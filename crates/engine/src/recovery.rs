@@ -190,7 +190,10 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
         sv: RwLock::new(Arc::new(SuperVersion {
             mem: Arc::new(mem),
             imm: None,
-            version: Arc::new(Version { levels }),
+            version: Arc::new(Version {
+                levels,
+                runs: manifest.runs as usize,
+            }),
         })),
         visible_seq: AtomicU64::new(last_seq),
         snapshots: Mutex::new(BTreeMap::new()),

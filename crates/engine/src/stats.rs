@@ -54,8 +54,11 @@ pub struct Stats {
     pub dram_memtable_bytes: u64,
     /// The configured DRAM budget.
     pub dram_budget_bytes: u64,
-    /// Keytables per level (index 0 = L1).
+    /// Keytables per level: first the flushed runs (newest first), then
+    /// L1..Ln.
     pub keytables_per_level: Vec<usize>,
+    /// How many of the first levels are flushed runs.
+    pub flushed_runs: usize,
     /// Keytable bytes per level.
     pub bytes_per_level: Vec<u64>,
     /// Entries in the memtables.

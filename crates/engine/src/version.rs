@@ -223,11 +223,18 @@ pub enum Probe {
     NeedsRead,
 }
 
-/// An immutable set of levels. `levels[0]` is L1.
+/// An immutable set of levels: first the flushed runs, newest first, then
+/// L1..Ln. Every level is newer than the levels after it, so a lookup
+/// stops at the first level holding the key.
 #[derive(Clone, Default)]
 pub struct Version {
     /// Keytables per level, sorted by smallest key, non-overlapping.
     pub levels: Vec<Vec<Arc<Keytable>>>,
+    /// How many of the first levels are flushed runs: each a memtable
+    /// written as it was, never merged with L1 at flush time (with random
+    /// keys that merge rewrote all of L1 per flush); compaction merges
+    /// them all into L1 at once. `levels[runs]` is L1.
+    pub runs: usize,
 }
 
 impl Version {
@@ -259,7 +266,7 @@ impl Version {
         Ok(Probe::Found(None))
     }
 
-    /// Keytable bytes in level `i` (0 = L1).
+    /// Keytable bytes in level `i` (a run below [`Self::runs`]).
     pub fn level_bytes(&self, i: usize, page: usize) -> u64 {
         self.levels
             .get(i)

@@ -25,6 +25,7 @@ fn filled(opts: &Options) -> Arc<NandDevice> {
             .expect("put");
     }
     db.maintenance().expect("maintenance");
+    db.flush().expect("flush");
     drop(db);
     dev
 }
