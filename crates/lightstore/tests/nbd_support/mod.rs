@@ -40,6 +40,8 @@ pub struct NbdProc {
     pub child: Child,
     pub socket: PathBuf,
     pub log: Arc<Mutex<Vec<String>>>,
+    /// The thread copying its stderr into `log`; done at end of file.
+    log_reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl NbdProc {
@@ -57,7 +59,7 @@ impl NbdProc {
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
         let log2 = log.clone();
-        std::thread::spawn(move || {
+        let log_reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 log2.lock().expect("log").push(line);
@@ -90,6 +92,7 @@ impl NbdProc {
             child,
             socket: socket.to_path_buf(),
             log,
+            log_reader: Some(log_reader),
         }
     }
 
@@ -103,7 +106,8 @@ impl NbdProc {
         self.log.lock().expect("log").join("\n")
     }
 
-    /// SIGTERM, then waits (bounded) for it to exit; its exit code.
+    /// SIGTERM, then waits (bounded) for it to exit; its exit code, with
+    /// everything it printed in `log`.
     pub fn stop(&mut self, limit: Duration) -> Option<i32> {
         // SAFETY: kill(2) on a child we own.
         unsafe {
@@ -112,6 +116,10 @@ impl NbdProc {
         let deadline = Instant::now() + limit;
         loop {
             if let Ok(Some(s)) = self.child.try_wait() {
+                // Its last lines may still be in the pipe: read to the end.
+                if let Some(reader) = self.log_reader.take() {
+                    let _ = reader.join();
+                }
                 return s.code();
             }
             if Instant::now() > deadline {
