@@ -40,6 +40,9 @@ const TAIL: usize = 64;
 /// of more runs for a scan to merge in a full memtable.
 const MAX_RUN: usize = 16 * 1024;
 
+/// Merged-away runs whose memory is kept for later merges.
+const SPARES: usize = 8;
+
 /// Bytes of a key kept inline in its [`Item`]. Keys often share a long
 /// prefix (a table or volume name, then a number), so the head covers 32
 /// bytes: the adapters' chunk and metadata keys and the usual
@@ -123,9 +126,11 @@ fn sorted(mut items: Vec<Item>) -> Vec<Item> {
     out
 }
 
-/// Merges two adjacent runs; of equal `(key, seq)` pairs, `newer`'s wins.
-fn merge_two(older: &[Item], newer: &[Item]) -> Vec<Item> {
-    let mut out = Vec::with_capacity(older.len() + newer.len());
+/// Merges two adjacent runs into `out` (empty); of equal `(key, seq)`
+/// pairs, `newer`'s wins.
+fn merge_two(older: &[Item], newer: &[Item], mut out: Vec<Item>) -> Vec<Item> {
+    debug_assert!(out.is_empty());
+    out.reserve(older.len() + newer.len());
     let (mut i, mut j) = (0, 0);
     while i < older.len() && j < newer.len() {
         match older[i].cmp(&newer[j]) {
@@ -168,6 +173,8 @@ pub(crate) struct SortedRuns {
     writer: Mutex<()>,
     /// What readers copy; held briefly.
     state: Mutex<State>,
+    /// Memory of merged-away runs, for the writer's next merges.
+    spares: Mutex<Vec<Vec<Item>>>,
     inserted: AtomicUsize,
     tail_len: usize,
     max_run: usize,
@@ -187,6 +194,7 @@ impl SortedRuns {
         SortedRuns {
             writer: Mutex::new(()),
             state: Mutex::new(State::default()),
+            spares: Mutex::new(Vec::new()),
             inserted: AtomicUsize::new(0),
             tail_len: tail,
             max_run,
@@ -203,7 +211,10 @@ impl SortedRuns {
             if st.tail.len() < self.tail_len {
                 return;
             }
-            let run = sorted(std::mem::take(&mut st.tail));
+            let run = sorted(std::mem::replace(
+                &mut st.tail,
+                Vec::with_capacity(self.tail_len),
+            ));
             st.runs.push(Arc::new(run));
         }
         self.merge_newest();
@@ -223,18 +234,62 @@ impl SortedRuns {
                 }
                 (a.clone(), b.clone())
             };
-            let merged = Arc::new(merge_two(&older, &newer));
-            let mut st = self.state.lock();
-            let n = st.runs.len();
-            // Only the writer, which holds `writer`, changes the runs.
-            assert!(
-                n >= 2
-                    && Arc::ptr_eq(&st.runs[n - 2], &older)
-                    && Arc::ptr_eq(&st.runs[n - 1], &newer),
-                "memtable runs changed under their writer"
-            );
-            st.runs.truncate(n - 2);
-            st.runs.push(merged);
+            let out = self.spare_for(older.len() + newer.len());
+            let merged = Arc::new(merge_two(&older, &newer, out));
+            {
+                let mut st = self.state.lock();
+                let n = st.runs.len();
+                // Only the writer, which holds `writer`, changes the runs.
+                assert!(
+                    n >= 2
+                        && Arc::ptr_eq(&st.runs[n - 2], &older)
+                        && Arc::ptr_eq(&st.runs[n - 1], &newer),
+                    "memtable runs changed under their writer"
+                );
+                st.runs.truncate(n - 2);
+                st.runs.push(merged);
+            }
+            self.recycle(older);
+            self.recycle(newer);
+        }
+    }
+
+    /// An empty vector for a merge of `len` versions: a recycled one when
+    /// one fits (at most twice the room needed), else a new one. Merges
+    /// into fresh memory spent most of their time on page faults.
+    fn spare_for(&self, len: usize) -> Vec<Item> {
+        let mut spares = self.spares.lock();
+        let fit = spares
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len && v.capacity() <= 2 * len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        match fit {
+            Some(i) => spares.swap_remove(i),
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// Keeps a merged-away run's memory for the next merge, unless a reader
+    /// still holds the run (then it is freed when the reader lets go).
+    fn recycle(&self, run: Run) {
+        let Ok(mut v) = Arc::try_unwrap(run) else {
+            return;
+        };
+        v.clear();
+        let mut spares = self.spares.lock();
+        spares.push(v);
+        if spares.len() > SPARES {
+            // Drop the smallest.
+            if let Some(i) = spares
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, v)| v.capacity())
+                .map(|(i, _)| i)
+            {
+                spares.swap_remove(i);
+            }
         }
     }
 
