@@ -1,5 +1,6 @@
-//! Background work: memtable flush into L1, keytable-only compaction between
-//! levels (values never move), releasing dead segments and checkpoints.
+//! Background work: memtable flush into a flushed run, the merge of runs
+//! into L1, keytable-only compaction between levels (values never move),
+//! releasing dead segments and checkpoints.
 //! Every function here runs with `DbInner::maint` held, so at most one
 //! flush, compaction or GC pass runs at a time.
 
