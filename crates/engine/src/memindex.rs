@@ -114,24 +114,9 @@ impl MemIndex {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
 
     use super::*;
-    use crate::tag::Tagging;
-    use crate::types::{Kind, ValuePtr};
-
-    fn entry(key: &'static [u8], seq: SeqNo, offset: u32) -> Entry {
-        Entry {
-            key: Bytes::from_static(key),
-            seq,
-            kind: Kind::Put,
-            ptr: ValuePtr {
-                offset,
-                ..Default::default()
-            },
-            tag: Tagging::Unknown,
-        }
-    }
+    use crate::test_support::put_at;
 
     fn offset(k: Known) -> Option<u32> {
         match k {
@@ -143,9 +128,9 @@ mod tests {
     #[test]
     fn newest_version_answers_and_later_ones_defer_to_the_runs() {
         let ix = MemIndex::default();
-        assert!(ix.note(&entry(b"a", 5, 50)));
+        assert!(ix.note(&put_at(b"a", 5, 50)));
         assert!(
-            !ix.note(&entry(b"a", 3, 30)),
+            !ix.note(&put_at(b"a", 3, 30)),
             "an older version is not news"
         );
         assert_eq!(offset(ix.known(b"a", 9)), Some(50));
@@ -153,7 +138,7 @@ mod tests {
         assert!(matches!(ix.known(b"a", 4), Known::Later));
         assert!(matches!(ix.known(b"b", 9), Known::Absent));
         // A relocation of the same version replaces its pointer.
-        ix.note(&entry(b"a", 5, 51));
+        ix.note(&put_at(b"a", 5, 51));
         assert_eq!(offset(ix.known(b"a", 5)), Some(51));
     }
 }

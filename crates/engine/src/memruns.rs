@@ -450,25 +450,11 @@ impl Iterator for Merged {
 mod tests {
     use std::collections::BTreeMap;
 
-    use bytes::Bytes;
     use proptest::prelude::Just;
 
     use super::*;
-    use crate::tag::Tagging;
-    use crate::types::{entry_order, Kind, ValuePtr};
-
-    fn version(key: &[u8], seq: SeqNo, offset: u32) -> Entry {
-        Entry {
-            key: Bytes::copy_from_slice(key),
-            seq,
-            kind: Kind::Put,
-            ptr: ValuePtr {
-                offset,
-                ..Default::default()
-            },
-            tag: Tagging::Unknown,
-        }
-    }
+    use crate::test_support::put_at;
+    use crate::types::entry_order;
 
     /// The model: `(key, seq)` to the last pointer inserted, in entry order
     /// (key ascending, then seq descending).
@@ -521,7 +507,7 @@ mod tests {
             let mut model = Model::new();
             let mut keys = vec![Vec::new()];
             for (i, (key, seq, offset)) in ops.iter().enumerate() {
-                runs.insert(version(key, *seq, *offset));
+                runs.insert(put_at(key, *seq, *offset));
                 model.insert((key.clone(), std::cmp::Reverse(*seq)), *offset);
                 keys.push(key.clone());
                 if i % 50 == 0 {
@@ -546,7 +532,7 @@ mod tests {
             // b shares a prefix of a (often its whole head), then differs.
             let mut b = a[..cut.min(a.len())].to_vec();
             b.extend_from_slice(&b_tail);
-            let (ia, ib) = (Item::new(version(&a, sa, 0)), Item::new(version(&b, sb, 0)));
+            let (ia, ib) = (Item::new(put_at(&a, sa, 0)), Item::new(put_at(&b, sb, 0)));
             proptest::prop_assert_eq!(ia.cmp(&ib), entry_order(&a, sa, &b, sb));
             proptest::prop_assert_eq!(ib.cmp(&ia), entry_order(&b, sb, &a, sa));
         }
@@ -582,7 +568,7 @@ mod tests {
             })
             .collect();
         for seq in 0..N {
-            runs.insert(version(&seq.to_be_bytes(), seq, 0));
+            runs.insert(put_at(&seq.to_be_bytes(), seq, 0));
             done.store(seq as usize + 1, AtomicOrdering::Release);
         }
         for r in readers {

@@ -10,11 +10,19 @@ use crate::{Db, Options};
 
 /// A put of `key` at `seq` with an empty pointer and no tag known.
 pub(crate) fn put_entry(key: &str, seq: u64) -> Entry {
+    put_at(key.as_bytes(), seq, 0)
+}
+
+/// A put of `key` at `seq` whose pointer says only `offset`, no tag known.
+pub(crate) fn put_at(key: &[u8], seq: u64, offset: u32) -> Entry {
     Entry {
-        key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+        key: bytes::Bytes::copy_from_slice(key),
         seq,
         kind: Kind::Put,
-        ptr: ValuePtr::default(),
+        ptr: ValuePtr {
+            offset,
+            ..ValuePtr::default()
+        },
         tag: Tagging::Unknown,
     }
 }
