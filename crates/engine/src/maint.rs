@@ -40,6 +40,9 @@ const MAX_RUNS: usize = 2 * RUNS_TO_MERGE;
 /// flush debt (`DbInner::throttle`).
 const L1_BACKLOG: u64 = 3;
 
+/// A merge's output keytables and the pointers of the values it dropped.
+type BuiltRun = (Vec<Arc<Keytable>>, Vec<crate::types::ValuePtr>);
+
 /// Flash segment kind tag for keytable segments.
 pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
 
@@ -283,22 +286,16 @@ impl DbInner {
             .map(|l| Box::new(LevelIter::for_merge(l.clone(), &self.ctx)) as EntryIter<'_>)
             .collect();
         let bottom = version.levels.len() <= runs + 1;
-        let (out, released) = match self.build_run(st, MergeIter::new(sources), bottom) {
-            Ok(r) => r,
-            Err(Error::NoSpace) => return Ok(false),
-            Err(e) => return Err(e),
+        let Some((out, released)) = self.build_optional(st, MergeIter::new(sources), bottom)?
+        else {
+            return Ok(false);
         };
         let mut levels = vec![out];
         levels.extend(version.levels.iter().skip(runs + 1).cloned());
         while levels.last().is_some_and(|l| l.is_empty()) {
             levels.pop();
         }
-        self.install(levels, 0, false);
-        for ptr in released {
-            self.vlog.release_value(ptr);
-        }
-        Counters::add(&self.counters.compactions, 1);
-        self.checkpoint(st)?;
+        self.install_compaction(st, levels, 0, released)?;
         Ok(true)
     }
 
@@ -328,12 +325,9 @@ impl DbInner {
             Box::new(LevelIter::for_merge(old, &self.ctx)),
         ];
         let bottom = levels.iter().skip(li + 2).all(|l| l.is_empty());
-        let (out, released) = match self.build_run(st, MergeIter::new(sources), bottom) {
-            Ok(r) => r,
-            // Compaction is optional work: when space is short, leave room
-            // for GC and try again later.
-            Err(Error::NoSpace) => return Ok(false),
-            Err(e) => return Err(e),
+        let Some((out, released)) = self.build_optional(st, MergeIter::new(sources), bottom)?
+        else {
+            return Ok(false);
         };
         levels[li].remove(ki);
         levels[li + 1].splice(range, out);
@@ -344,14 +338,41 @@ impl DbInner {
         while levels.last().is_some_and(|l| l.is_empty()) && levels.len() > 1 {
             levels.pop();
         }
+        st.compact_cursor[li] = kt.index.largest.clone();
+        self.install_compaction(st, levels, runs, released)?;
+        Ok(true)
+    }
+
+    /// [`Self::build_run`] for compaction, which is optional work: `None`
+    /// when space is short (it leaves room for GC and tries again later).
+    fn build_optional(
+        &self,
+        st: &mut MaintState,
+        entries: MergeIter<'_>,
+        bottom: bool,
+    ) -> Result<Option<BuiltRun>> {
+        match self.build_run(st, entries, bottom) {
+            Ok(built) => Ok(Some(built)),
+            Err(Error::NoSpace) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Installs a compaction's result, releases the values it dropped and
+    /// checkpoints.
+    fn install_compaction(
+        &self,
+        st: &mut MaintState,
+        levels: Vec<Vec<Arc<Keytable>>>,
+        runs: usize,
+        released: Vec<crate::types::ValuePtr>,
+    ) -> Result<()> {
         self.install(levels, runs, false);
         for ptr in released {
             self.vlog.release_value(ptr);
         }
-        st.compact_cursor[li] = kt.index.largest.clone();
         Counters::add(&self.counters.compactions, 1);
-        self.checkpoint(st)?;
-        Ok(true)
+        self.checkpoint(st)
     }
 
     /// Makes `levels` (the first `runs` of them flushed runs) the current
@@ -407,7 +428,7 @@ impl DbInner {
         st: &mut MaintState,
         entries: MergeIter<'_>,
         bottom: bool,
-    ) -> Result<(Vec<Arc<Keytable>>, Vec<crate::types::ValuePtr>)> {
+    ) -> Result<BuiltRun> {
         let mut dropped = Vec::new();
         let smallest_snapshot = self.oldest_snapshot();
         let mut out = Vec::new();

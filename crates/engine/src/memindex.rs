@@ -83,18 +83,18 @@ impl MemIndex {
 
     /// Records a version inserted into the memtable. Returns true if the key
     /// is new to the index (its DRAM is then charged by the caller).
-    pub fn note(&self, e: &Entry) -> bool {
+    pub fn note(&self, e: Entry) -> bool {
         let hash = xxh3_64(&e.key);
         let mut table = self.shards[shard_of(hash)].write();
         match table.entry(hash, |x| x.key == e.key, |x| xxh3_64(&x.key)) {
             Slot::Occupied(mut slot) => {
                 if e.seq >= slot.get().seq {
-                    *slot.get_mut() = e.clone();
+                    *slot.get_mut() = e;
                 }
                 false
             }
             Slot::Vacant(slot) => {
-                slot.insert(e.clone());
+                slot.insert(e);
                 true
             }
         }
@@ -114,7 +114,6 @@ impl MemIndex {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
     use crate::test_support::put_at;
 
@@ -128,9 +127,9 @@ mod tests {
     #[test]
     fn newest_version_answers_and_later_ones_defer_to_the_runs() {
         let ix = MemIndex::default();
-        assert!(ix.note(&put_at(b"a", 5, 50)));
+        assert!(ix.note(put_at(b"a", 5, 50)));
         assert!(
-            !ix.note(&put_at(b"a", 3, 30)),
+            !ix.note(put_at(b"a", 3, 30)),
             "an older version is not news"
         );
         assert_eq!(offset(ix.known(b"a", 9)), Some(50));
@@ -138,7 +137,7 @@ mod tests {
         assert!(matches!(ix.known(b"a", 4), Known::Later));
         assert!(matches!(ix.known(b"b", 9), Known::Absent));
         // A relocation of the same version replaces its pointer.
-        ix.note(&put_at(b"a", 5, 51));
+        ix.note(put_at(b"a", 5, 51));
         assert_eq!(offset(ix.known(b"a", 5)), Some(51));
     }
 }

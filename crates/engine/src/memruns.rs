@@ -112,18 +112,19 @@ impl Item {
 /// twice).
 type Run = Arc<Vec<Item>>;
 
-/// Sorts inserts of one tail into a run: stable, so that of equal
-/// `(key, seq)` pairs the last inserted is the one kept.
+/// Sorts inserts of one tail into a run, in place: stable, so that of
+/// equal `(key, seq)` pairs the last inserted is the one kept.
 fn sorted(mut items: Vec<Item>) -> Vec<Item> {
     items.sort_by(Item::cmp);
-    let mut out: Vec<Item> = Vec::with_capacity(items.len());
-    for it in items {
-        match out.last_mut() {
-            Some(last) if last.cmp(&it) == Ordering::Equal => *last = it,
-            _ => out.push(it),
+    // `dedup_by` drops the later of two equal items: keep its contents.
+    items.dedup_by(|later, kept| {
+        let equal = later.cmp(kept) == Ordering::Equal;
+        if equal {
+            std::mem::swap(later, kept);
         }
-    }
-    out
+        equal
+    });
+    items
 }
 
 /// Merges two adjacent runs into `out` (empty); of equal `(key, seq)`

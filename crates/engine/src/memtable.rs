@@ -88,9 +88,10 @@ impl Memtable {
             ptr,
             tag,
         };
+        let key_len = entry.key.len();
         self.runs.insert(entry.clone());
-        let new_key = self.index.note(&entry);
-        let charge = entry.key.len() + ENTRY_OVERHEAD + if new_key { INDEX_OVERHEAD } else { 0 };
+        let new_key = self.index.note(entry);
+        let charge = key_len + ENTRY_OVERHEAD + if new_key { INDEX_OVERHEAD } else { 0 };
         self.bytes.fetch_add(charge, Ordering::Relaxed);
         self.log_bytes
             .fetch_add(u64::from(ptr.len), Ordering::Relaxed);
