@@ -16,12 +16,13 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::iter::{EntryIter, LevelIter, MergeIter};
+use crate::ktwriter::KeytableWriter;
 use crate::memtable::Memtable;
 use crate::options::{Durability, Options};
 use crate::record::{FLAG_RELOCATED, KIND_DELETE, KIND_PUT};
 use crate::stats::{Counters, Stats};
 use crate::types::{Entry, Kind, SeqNo, ValueBytes, ValuePtr};
-use crate::version::{ReadCtx, SegmentRef, Version};
+use crate::version::{ReadCtx, Version};
 use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 
 /// Sealed log chunks allowed to wait for the write-behind thread before
@@ -84,9 +85,8 @@ pub(crate) struct SuperVersion {
 /// State owned by background work (serialized by `DbInner::maint`).
 pub(crate) struct MaintState {
     pub(crate) boot: u64,
-    pub(crate) next_keytable_id: u64,
-    /// Keytable segment being filled and the next free page in it.
-    pub(crate) kt_seg: Option<(Arc<SegmentRef>, u32)>,
+    /// Where new keytables are written (next id, current segment, reserve).
+    pub(crate) kt: KeytableWriter,
     /// Log position and last sequence of the last flushed memtable.
     pub(crate) replay: LogPosition,
     pub(crate) flushed_seq: SeqNo,
@@ -103,8 +103,6 @@ pub(crate) struct MaintState {
     pub(crate) compact_cursor: Vec<Bytes>,
     /// Compactions forced by low space since space was last plentiful.
     pub(crate) forced_compactions: usize,
-    /// Free segments a new keytable segment must leave (see `KtReserve`).
-    pub(crate) kt_keep_free: u32,
 }
 
 /// Lock order: `maint` (held through whole flush, compaction and GC

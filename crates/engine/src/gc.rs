@@ -110,10 +110,7 @@ impl DbInner {
     /// relocate, and so never reclaim, anything.
     fn relocation_reserve(&self, st: &MaintState) -> Reserve {
         let seg_pages = u64::from(self.flash.geometry().pages_per_segment);
-        let room = st
-            .kt_seg
-            .as_ref()
-            .map_or(0, |(_, next)| seg_pages.saturating_sub(u64::from(*next)));
+        let room = u64::from(st.kt.room_pages(seg_pages as u32));
         let page = self.page;
         let first_level_pages: u64 = self
             .sv

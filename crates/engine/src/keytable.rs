@@ -298,20 +298,27 @@ fn get_key(b: &[u8], at: &mut usize) -> Option<Bytes> {
 }
 
 /// Builds one keytable in memory from entries added in order.
+///
+/// Each block is built in a page buffer of its own (header, entries,
+/// offsets), appended once to the keytable's bytes and kept as the parsed
+/// [`Block`] that warms the cache: no block is copied again or re-verified.
 pub struct KeytableBuilder {
     id: u64,
     page_size: usize,
     bits_per_key: usize,
+    /// Finished blocks, page-aligned.
     out: Vec<u8>,
+    /// The block being built: a header placeholder, then its entries.
     cur: Vec<u8>,
     cur_offsets: Vec<u32>,
     cur_first: Option<Bytes>,
     blocks: Vec<BlockHandle>,
+    parsed: Vec<Arc<Block>>,
     hashes: Vec<u64>,
     entries: u64,
     smallest: Option<Bytes>,
-    largest: Bytes,
-    last_hashed: Option<Bytes>,
+    /// The last key added (the largest so far).
+    last_key: Vec<u8>,
 }
 
 /// A finished keytable: its pages and its decoded index.
@@ -332,27 +339,42 @@ pub struct BuiltKeytable {
 
 impl KeytableBuilder {
     /// Starts keytable `id`.
+    #[cfg(test)]
     pub fn new(id: u64, page_size: usize, bits_per_key: usize) -> Self {
+        Self::reusing(id, page_size, bits_per_key, Vec::new())
+    }
+
+    /// Starts keytable `id`, building its bytes in `out` (cleared first; a
+    /// finished keytable's bytes, so its memory is used again).
+    pub fn reusing(id: u64, page_size: usize, bits_per_key: usize, mut out: Vec<u8>) -> Self {
+        out.clear();
         KeytableBuilder {
             id,
             page_size,
             bits_per_key,
-            out: Vec::new(),
-            cur: Vec::new(),
+            out,
+            cur: Self::empty_block(page_size),
             cur_offsets: Vec::new(),
             cur_first: None,
             blocks: Vec::new(),
+            parsed: Vec::new(),
             hashes: Vec::new(),
             entries: 0,
             smallest: None,
-            largest: Bytes::new(),
-            last_hashed: None,
+            last_key: Vec::new(),
         }
+    }
+
+    /// A block buffer holding only its (placeholder) header.
+    fn empty_block(page_size: usize) -> Vec<u8> {
+        let mut b = Vec::with_capacity(page_size);
+        b.resize(BLOCK_HEADER, 0);
+        b
     }
 
     /// Bytes written so far (approximate final size).
     pub fn estimated_bytes(&self) -> usize {
-        self.out.len() + self.cur.len() + 4 * self.cur_offsets.len() + BLOCK_HEADER
+        self.out.len() + self.cur.len() + 4 * self.cur_offsets.len()
     }
 
     /// Number of entries added.
@@ -368,7 +390,7 @@ impl KeytableBuilder {
             (kind, _) => (kind.code(), None),
         };
         let elen = ENTRY_FIXED + e.key.len() + if tag.is_some() { TAG_LEN } else { 0 };
-        let used = BLOCK_HEADER + self.cur.len() + 4 * (self.cur_offsets.len() + 1) + elen;
+        let used = self.cur.len() + 4 * (self.cur_offsets.len() + 1) + elen;
         if !self.cur_offsets.is_empty() && used > self.page_size {
             self.finish_block();
         }
@@ -377,51 +399,56 @@ impl KeytableBuilder {
         if self.cur_offsets.is_empty() {
             self.cur_first = Some(Bytes::copy_from_slice(&e.key));
         }
-        self.cur_offsets
-            .push((BLOCK_HEADER + self.cur.len()) as u32);
+        self.cur_offsets.push(self.cur.len() as u32);
         self.cur
             .extend_from_slice(&(e.key.len() as u16).to_le_bytes());
         self.cur.extend_from_slice(&e.key);
         self.cur.extend_from_slice(&e.seq.to_le_bytes());
         self.cur.push(code);
-        let mut p = Vec::with_capacity(PTR_LEN + TAG_LEN);
-        e.ptr.encode_to(&mut p);
+        e.ptr.encode_to(&mut self.cur);
         if let Some(tag) = tag {
-            p.extend_from_slice(&tag);
+            self.cur.extend_from_slice(&tag);
         }
-        self.cur.extend_from_slice(&p);
-        if self.last_hashed.as_deref() != Some(&e.key[..]) {
-            self.hashes.push(Bloom::hash(&e.key));
-            self.last_hashed = Some(e.key.clone());
-        }
-        if self.smallest.is_none() {
+        if self.entries == 0 {
             self.smallest = Some(Bytes::copy_from_slice(&e.key));
         }
-        self.largest = e.key.clone();
+        if self.entries == 0 || self.last_key[..] != e.key[..] {
+            self.hashes.push(Bloom::hash(&e.key));
+            self.last_key.clear();
+            self.last_key.extend_from_slice(&e.key);
+        }
         self.entries += 1;
     }
 
     fn finish_block(&mut self) {
-        let start = self.out.len();
-        let count = self.cur_offsets.len() as u32;
-        self.out.extend_from_slice(&[0u8; 4]);
-        self.out.extend_from_slice(&count.to_le_bytes());
-        self.out
-            .extend_from_slice(&(self.cur.len() as u32).to_le_bytes());
-        self.out.extend_from_slice(&self.cur);
+        let count = self.cur_offsets.len();
+        let data_len = self.cur.len() - BLOCK_HEADER;
         for o in &self.cur_offsets {
-            self.out.extend_from_slice(&o.to_le_bytes());
+            self.cur.extend_from_slice(&o.to_le_bytes());
         }
-        let crc = id_crc(self.id, &self.out[start + 4..]);
-        self.out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
-        let padded = self.out.len().div_ceil(self.page_size) * self.page_size;
-        self.out.resize(padded, 0);
+        self.cur[4..8].copy_from_slice(&(count as u32).to_le_bytes());
+        self.cur[8..12].copy_from_slice(&(data_len as u32).to_le_bytes());
+        let crc = id_crc(self.id, &self.cur[4..]);
+        self.cur[0..4].copy_from_slice(&crc.to_le_bytes());
+        let padded = self.cur.len().div_ceil(self.page_size) * self.page_size;
+        self.cur.resize(padded, 0);
+        let start = self.out.len();
+        self.out.extend_from_slice(&self.cur);
         self.blocks.push(BlockHandle {
             first_key: self.cur_first.take().unwrap_or_default(),
             page: (start / self.page_size) as u32,
-            pages: ((padded - start) / self.page_size) as u32,
+            pages: (padded / self.page_size) as u32,
         });
-        self.cur.clear();
+        let data = std::mem::replace(&mut self.cur, Self::empty_block(self.page_size));
+        debug_assert!(
+            Block::parse(data.clone(), self.id).is_ok(),
+            "a built block parses"
+        );
+        self.parsed.push(Arc::new(Block {
+            data,
+            count,
+            offsets_at: BLOCK_HEADER + data_len,
+        }));
         self.cur_offsets.clear();
     }
 
@@ -431,18 +458,12 @@ impl KeytableBuilder {
             self.finish_block();
         }
         let data_pages = (self.out.len() / self.page_size) as u32;
-        let mut blocks = Vec::with_capacity(self.blocks.len());
-        for h in &self.blocks {
-            let s = h.page as usize * self.page_size;
-            let e = s + h.pages as usize * self.page_size;
-            blocks.push(Arc::new(Block::parse(self.out[s..e].to_vec(), self.id)?));
-        }
         let index = KeytableIndex {
             blocks: std::mem::take(&mut self.blocks),
             bloom: Bloom::build(&self.hashes, self.bits_per_key),
             entries: self.entries,
             smallest: self.smallest.take().unwrap_or_default(),
-            largest: Bytes::copy_from_slice(&self.largest),
+            largest: Bytes::copy_from_slice(&self.last_key),
         };
         let payload = index.encode();
         let mut out = self.out;
@@ -458,7 +479,7 @@ impl KeytableBuilder {
             data_pages,
             index_pages,
             index,
-            blocks,
+            blocks: self.parsed,
         })
     }
 }
@@ -515,6 +536,43 @@ mod tests {
         }
         assert!(idx.bloom.may_contain(Bloom::hash(b"key00123")));
         assert!(KeytableIndex::decode(&kt.bytes[kt.data_pages as usize * 512..], 10).is_err());
+    }
+
+    /// The blocks a builder hands to the cache are the blocks its bytes
+    /// hold, and a builder reusing an earlier keytable's buffer writes
+    /// exactly what a fresh one does.
+    #[test]
+    fn built_blocks_match_the_bytes_and_reuse_changes_nothing() {
+        let build = |b: &mut KeytableBuilder| {
+            for i in 0..300u64 {
+                // Some keys twice (two versions), the last longer than a page.
+                let key = if i == 299 {
+                    "x".repeat(700)
+                } else {
+                    format!("key{:05}", i / 2 * 2)
+                };
+                b.add(&e(&key, 5000 - i));
+            }
+        };
+        let mut fresh = KeytableBuilder::new(4, 512, 10);
+        build(&mut fresh);
+        let fresh = fresh.finish().expect("built");
+        let dirty = vec![0xa5u8; 4096];
+        let mut reused = KeytableBuilder::reusing(4, 512, 10, dirty);
+        build(&mut reused);
+        let reused = reused.finish().expect("built");
+        assert_eq!(fresh.bytes, reused.bytes);
+        assert_eq!(fresh.blocks.len(), fresh.index.blocks.len());
+        for (h, block) in fresh.index.blocks.iter().zip(&fresh.blocks) {
+            let s = h.page as usize * 512;
+            let parsed = Block::parse(fresh.bytes[s..s + h.pages as usize * 512].to_vec(), 4)
+                .expect("parses");
+            assert_eq!(parsed.len(), block.len());
+            for i in 0..block.len() {
+                assert_eq!(parsed.entry(i), block.entry(i));
+            }
+        }
+        assert_eq!(fresh.index.largest.as_ref(), "x".repeat(700).as_bytes());
     }
 
     #[test]

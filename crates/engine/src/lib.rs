@@ -24,6 +24,7 @@ mod gc;
 mod getsplit;
 mod iter;
 mod keytable;
+mod ktwriter;
 mod maint;
 mod manifest;
 mod memindex;

@@ -171,7 +171,7 @@ impl DbInner {
     /// that one and leaves the active memtable for the next. Freezing again
     /// would replace `imm` and hide its entries from reads until a restart.
     pub(crate) fn flush_locked(&self, st: &mut MaintState, keep_free: u32) -> Result<()> {
-        st.kt_keep_free = keep_free;
+        st.kt.keep_free = keep_free;
         let (pos, seq) = match st.imm_replay {
             Some(frozen) if self.sv.read().imm.is_some() => frozen,
             _ => self.freeze_memtable(st),
@@ -279,7 +279,7 @@ impl DbInner {
     /// there is no room for it.
     fn merge_runs(&self, st: &mut MaintState, version: &Version) -> Result<bool> {
         let runs = version.runs;
-        st.kt_keep_free = kt_reserve::OPTIONAL;
+        st.kt.keep_free = kt_reserve::OPTIONAL;
         let inputs = (runs + 1).min(version.levels.len());
         let sources: Vec<EntryIter<'_>> = version.levels[..inputs]
             .iter()
@@ -303,7 +303,7 @@ impl DbInner {
     /// over the level's key range). A flushed run left empty goes away.
     fn compact_keytable(&self, st: &mut MaintState, version: &Version, li: usize) -> Result<bool> {
         let mut runs = version.runs;
-        st.kt_keep_free = kt_reserve::OPTIONAL;
+        st.kt.keep_free = kt_reserve::OPTIONAL;
         if st.compact_cursor.len() <= li {
             st.compact_cursor.resize(li + 1, Bytes::new());
         }
@@ -466,11 +466,8 @@ impl DbInner {
                 }
                 continue;
             }
-            let b = builder.get_or_insert_with(|| {
-                let id = st.next_keytable_id;
-                st.next_keytable_id += 1;
-                KeytableBuilder::new(id, self.page, self.opts.bloom_bits_per_key)
-            });
+            let b = builder
+                .get_or_insert_with(|| st.kt.builder(self.page, self.opts.bloom_bits_per_key));
             b.add(&e);
         }
         if let Some(b) = builder.take() {
@@ -484,39 +481,16 @@ impl DbInner {
     /// Appends whole keytable pages to the current keytable segment (one
     /// device write), opening a new segment when they do not fit.
     fn place_pages(&self, st: &mut MaintState, bytes: &[u8]) -> Result<(Arc<SegmentRef>, u32)> {
-        let pages = (bytes.len() / self.page) as u32;
-        let seg_pages = self.flash.geometry().pages_per_segment;
-        if pages > seg_pages {
-            return Err(Error::InvalidOptions(format!(
-                "keytable of {pages} pages does not fit a {seg_pages}-page segment"
-            )));
-        }
-        let fits = st
-            .kt_seg
-            .as_ref()
-            .is_some_and(|(_, next)| next + pages <= seg_pages);
-        if !fits {
-            if self.flash.free_segments() <= st.kt_keep_free {
-                return Err(Error::NoSpace);
-            }
-            let (seg, _) = self.flash.allocate(SEGMENT_KIND_KEYTABLE)?;
-            st.kt_seg = Some((SegmentRef::new(seg, self.release_queue.clone()), 0));
-        }
-        let Some((seg_ref, next)) = st.kt_seg.as_mut() else {
-            return Err(Error::Corrupt("no keytable segment".into()));
-        };
-        let first_page = *next;
-        let buf = flash::AlignedBuf::copy_from(bytes);
-        self.flash
-            .write(seg_ref.seg(), first_page, &buf[..bytes.len()])?;
-        *next += pages;
+        let placed = st
+            .kt
+            .place(&self.flash, &self.release_queue, self.page, bytes)?;
         Counters::add(&self.counters.compaction_bytes_written, bytes.len() as u64);
-        Ok((seg_ref.clone(), first_page))
+        Ok(placed)
     }
 
-    /// Writes a built keytable and warms the cache with its blocks.
     fn write_keytable(&self, st: &mut MaintState, built: BuiltKeytable) -> Result<Arc<Keytable>> {
         let (seg, first_page) = self.place_pages(st, &built.bytes)?;
+        st.kt.recycle(built.bytes);
         for (i, b) in built.blocks.into_iter().enumerate() {
             self.ctx.cache.insert(built.id, i as u32, b);
         }
@@ -540,12 +514,12 @@ impl DbInner {
     pub(crate) fn defragment_keytables(&self, st: &mut MaintState) -> Result<bool> {
         let version = self.sv.read().version.clone();
         let seg_pages = self.flash.geometry().pages_per_segment;
-        let current = st.kt_seg.as_ref().map(|(r, _)| r.seg());
+        let current = st.kt.current_segment();
         let mut used: std::collections::BTreeMap<flash::SegmentId, u32> = Default::default();
         for kt in version.all() {
             *used.entry(kt.seg.seg()).or_default() += kt.data_pages + kt.index_pages;
         }
-        st.kt_keep_free = kt_reserve::OPTIONAL;
+        st.kt.keep_free = kt_reserve::OPTIONAL;
         let Some((&victim, _)) = used
             .iter()
             .filter(|(s, &p)| Some(**s) != current && p * 2 < seg_pages)
@@ -597,7 +571,7 @@ impl DbInner {
     pub(crate) fn checkpoint(&self, st: &mut MaintState) -> Result<()> {
         let released: Vec<_> = self.release_queue.lock().drain(..).collect();
         for seg in released {
-            if st.kt_seg.as_ref().is_some_and(|(r, _)| r.seg() == seg) {
+            if st.kt.current_segment() == Some(seg) {
                 continue;
             }
             self.flash.release(seg)?;
@@ -641,12 +615,12 @@ impl DbInner {
         Manifest {
             boot: st.boot,
             last_seq: st.flushed_seq,
-            next_keytable_id: st.next_keytable_id,
+            next_keytable_id: st.kt.next_id,
             replay: st.replay,
             log_segments: self.vlog.segments().into_iter().collect(),
             levels,
             runs: version.runs as u32,
-            keytable_segment: st.kt_seg.as_ref().map(|(r, _)| r.seg()),
+            keytable_segment: st.kt.current_segment(),
             counters: PersistedCounters {
                 user_bytes: self.user_bytes_base + Counters::get(&self.counters.user_bytes),
                 device_bytes: self.device_bytes_base + device_now,

@@ -19,6 +19,7 @@ use crate::cache::BlockCache;
 use crate::db::{DbInner, MaintState, SuperVersion};
 use crate::error::{Error, Result};
 use crate::keytable::KeytableIndex;
+use crate::ktwriter::KeytableWriter;
 use crate::manifest::Manifest;
 use crate::memtable::Memtable;
 use crate::options::Options;
@@ -199,8 +200,7 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
         snapshots: Mutex::new(BTreeMap::new()),
         maint: Mutex::new(MaintState {
             boot,
-            next_keytable_id: manifest.next_keytable_id.max(1),
-            kt_seg: None,
+            kt: KeytableWriter::new(manifest.next_keytable_id.max(1)),
             replay: manifest.replay,
             flushed_seq: manifest.last_seq,
             imm_replay: None,
@@ -209,7 +209,6 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
             gc_pinned: (Vec::new(), Vec::new()),
             compact_cursor: Vec::new(),
             forced_compactions: 0,
-            kt_keep_free: 0,
         }),
         device_bytes_base: manifest.counters.device_bytes.saturating_sub(device_now),
         user_bytes_base: manifest.counters.user_bytes,
