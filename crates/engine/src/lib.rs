@@ -34,6 +34,7 @@ mod options;
 mod record;
 mod recovery;
 mod segreader;
+mod shape;
 mod stats;
 mod tag;
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::iter::{EntryIter, LevelIter, MergeIter};
 use crate::keytable::{BuiltKeytable, KeytableBuilder};
 use crate::manifest::{Counters as PersistedCounters, KeytableMeta, Manifest};
 use crate::memtable::Memtable;
+use crate::shape;
 use crate::stats::Counters;
 use crate::types::{Entry, Kind, SeqNo};
 use crate::version::{Keytable, SegmentRef, Version};
@@ -29,15 +30,18 @@ const NO_SPACE_WARN_EVERY: Duration = Duration::from_secs(10);
 /// instead of rewriting all of L1 (with random keys a flush used to write
 /// about six times the memtable's keytable bytes, most of a small-value
 /// fill's keytable writes), and L1 is rewritten once per this many
-/// flushes.
-const RUNS_TO_MERGE: usize = 4;
+/// flushes. A merge writes L1 and the runs, so more runs per merge cost
+/// less per run: with L1 sized from the bottom (`shape.rs`), eight halved
+/// a small-value fill's keytable writes against four; a point read then
+/// probes up to [`MAX_RUNS`] runs' Bloom filters before the levels.
+const RUNS_TO_MERGE: usize = 8;
 /// Flushed runs at which a due flush waits for their merge.
 const MAX_RUNS: usize = 2 * RUNS_TO_MERGE;
-/// How far over its size target L1 may grow before a due flush waits for
-/// compaction: merging the runs into L1 costs L1's size, and when writes
-/// outran compaction L1 grew with every merge, each cost more than the
-/// last and the backlog fed itself. Writers wait meanwhile through the
-/// flush debt (`DbInner::throttle`).
+/// How far over its size limit (`shape::targets`) L1 may grow before a due
+/// flush waits for compaction: merging the runs into L1 costs L1's size,
+/// and when writes outran compaction L1 grew with every merge, each cost
+/// more than the last and the backlog fed itself. Writers wait meanwhile
+/// through the flush debt (`DbInner::throttle`).
 const L1_BACKLOG: u64 = 3;
 
 /// A merge's output keytables and the pointers of the values it dropped.
@@ -132,12 +136,25 @@ impl DbInner {
     }
 
     /// Whether flushing is ahead of compaction: [`MAX_RUNS`] flushed runs,
-    /// or L1 more than [`L1_BACKLOG`] times its size target.
+    /// or L1 more than [`L1_BACKLOG`] times its size limit.
     fn l1_backlogged(&self) -> bool {
         let version = self.sv.read().version.clone();
-        version.runs >= MAX_RUNS
-            || version.level_bytes(version.runs, self.page)
-                > self.opts.l1_bytes.saturating_mul(L1_BACKLOG)
+        if version.runs >= MAX_RUNS {
+            return true;
+        }
+        let sizes = self.sorted_level_sizes(&version);
+        let limit = shape::targets(&sizes, self.opts.l1_bytes)
+            .first()
+            .copied()
+            .flatten();
+        limit.is_some_and(|t| sizes[0] > t.saturating_mul(L1_BACKLOG))
+    }
+
+    /// Bytes of each sorted level (below the flushed runs), L1 first.
+    fn sorted_level_sizes(&self, version: &Version) -> Vec<u64> {
+        (version.runs..version.levels.len())
+            .map(|i| version.level_bytes(i, self.page))
+            .collect()
     }
 
     pub(crate) fn space_low(&self) -> bool {
@@ -234,7 +251,8 @@ impl DbInner {
 
     /// Merges the flushed runs into L1 once there are [`RUNS_TO_MERGE`] of
     /// them, else compacts one keytable of the first level over its size
-    /// target into the next level. Returns whether it did anything.
+    /// limit (`shape::targets`) into the next level. Returns whether it did
+    /// anything.
     pub(crate) fn compact_one(&self, st: &mut MaintState) -> Result<bool> {
         let version = self.sv.read().version.clone();
         let space_low = self.space_low();
@@ -250,15 +268,12 @@ impl DbInner {
             // keytable at a time instead (it is newer than L1).
             return self.compact_keytable(st, &version, runs - 1);
         }
-        let mut target = self.opts.l1_bytes;
-        let mut pick = None;
-        for i in runs..version.levels.len() {
-            if version.level_bytes(i, self.page) > target && !version.levels[i].is_empty() {
-                pick = Some(i);
-                break;
-            }
-            target = target.saturating_mul(self.opts.level_ratio);
-        }
+        let sizes = self.sorted_level_sizes(&version);
+        let mut pick = sizes
+            .iter()
+            .zip(shape::targets(&sizes, self.opts.l1_bytes))
+            .position(|(&size, limit)| size > 0 && limit.is_some_and(|t| size > t))
+            .map(|i| runs + i);
         // Short of space, push everything toward the last level so deletes
         // and overwrites meet the versions they hide and their values are
         // released for GC (at most one full pass per low-space episode).
@@ -275,23 +290,30 @@ impl DbInner {
         }
     }
 
-    /// Merges every flushed run and L1 into a new L1. `Ok(false)` when
-    /// there is no room for it.
+    /// Merges every flushed run and L1 into a new L1, or, when the sorted
+    /// levels need one more (`shape::wants_new_level`), the runs alone into
+    /// a new L1 above the others. `Ok(false)` when there is no room for it.
     fn merge_runs(&self, st: &mut MaintState, version: &Version) -> Result<bool> {
         let runs = version.runs;
         st.kt.keep_free = kt_reserve::OPTIONAL;
-        let inputs = (runs + 1).min(version.levels.len());
+        let sizes = self.sorted_level_sizes(version);
+        let new_level = shape::wants_new_level(&sizes, self.opts.l1_bytes, self.opts.level_ratio);
+        let inputs = if new_level {
+            runs
+        } else {
+            (runs + 1).min(version.levels.len())
+        };
         let sources: Vec<EntryIter<'_>> = version.levels[..inputs]
             .iter()
             .map(|l| Box::new(LevelIter::for_merge(l.clone(), &self.ctx)) as EntryIter<'_>)
             .collect();
-        let bottom = version.levels.len() <= runs + 1;
+        let bottom = version.levels.len() <= inputs;
         let Some((out, released)) = self.build_optional(st, MergeIter::new(sources), bottom)?
         else {
             return Ok(false);
         };
         let mut levels = vec![out];
-        levels.extend(version.levels.iter().skip(runs + 1).cloned());
+        levels.extend(version.levels.iter().skip(inputs).cloned());
         while levels.last().is_some_and(|l| l.is_empty()) {
             levels.pop();
         }

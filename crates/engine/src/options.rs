@@ -53,9 +53,12 @@ pub struct Options {
     pub memtable_log_bytes: u64,
     /// Target keytable size in bytes.
     pub keytable_bytes: usize,
-    /// Size limit of L1 in keytable bytes; level i+1 is `level_ratio` times level i.
+    /// Keytable bytes of the first level below the flushed runs while the
+    /// bottom level is no larger; the levels between grow by one ratio from
+    /// this to the bottom's size (see `shape.rs`).
     pub l1_bytes: u64,
-    /// Size ratio between consecutive levels.
+    /// Largest size ratio between adjacent levels: past it, a new level
+    /// starts at the top.
     pub level_ratio: u64,
     /// Total DRAM budget for level index, keytable cache and Bloom filters.
     pub dram_budget: usize,
@@ -97,8 +100,8 @@ impl Default for Options {
             memtable_bytes: 128 * 1024 * 1024,
             memtable_log_bytes: 1024 * 1024 * 1024,
             keytable_bytes: 2 * 1024 * 1024,
-            l1_bytes: 128 * 1024 * 1024,
-            level_ratio: 10,
+            l1_bytes: 256 * 1024 * 1024,
+            level_ratio: 4,
             dram_budget: 1024 * 1024 * 1024,
             cache_bytes: 768 * 1024 * 1024,
             bloom_bits_per_key: 10,

@@ -50,7 +50,7 @@ fn flushes_stack_runs_that_shadow_l1_and_merge_into_it() {
         "an explicit flush merges into L1"
     );
     let mut seen_runs = Vec::new();
-    for r in 2..=5 {
+    for r in 2..=11 {
         write_round(&db, r);
         // One maintenance pass: flushes the full memtable as a run, and
         // merges the runs once there are enough of them.
@@ -74,5 +74,5 @@ fn flushes_stack_runs_that_shadow_l1_and_merge_into_it() {
     );
     db.flush().expect("flush");
     assert_eq!(db.stats().flushed_runs, 0);
-    check(&db, 5);
+    check(&db, 11);
 }
