@@ -44,6 +44,41 @@ const MAX_RUNS: usize = 2 * RUNS_TO_MERGE;
 /// through the flush debt (`DbInner::throttle`).
 const L1_BACKLOG: u64 = 3;
 
+/// Notices when writes stop, for the merge of the runs they left
+/// (background loop only).
+struct Quiet {
+    /// Last sequence number seen, and since when.
+    seq: SeqNo,
+    since: std::time::Instant,
+    /// Whether the runs were merged since writes stopped.
+    merged: bool,
+}
+
+impl Quiet {
+    fn new(seq: SeqNo) -> Self {
+        Quiet {
+            seq,
+            since: std::time::Instant::now(),
+            merged: false,
+        }
+    }
+
+    /// Whether writes have stopped for `after` and the leftover runs are
+    /// not merged yet; once per quiet period (a merge is then assumed done).
+    fn merge_due(&mut self, db: &DbInner, after: Option<Duration>) -> bool {
+        let seq = db.visible_seq.load(Ordering::Acquire);
+        if seq != self.seq {
+            *self = Quiet::new(seq);
+            return false;
+        }
+        let due = !self.merged && after.is_some_and(|a| self.since.elapsed() >= a);
+        if due {
+            self.merged = true;
+        }
+        due
+    }
+}
+
 /// A merge's output keytables and the pointers of the values it dropped.
 type BuiltRun = (Vec<Arc<Keytable>>, Vec<crate::types::ValuePtr>);
 
@@ -66,6 +101,7 @@ pub(crate) mod kt_reserve {
 impl DbInner {
     pub(crate) fn background_loop(&self) {
         let mut last_warning: Option<std::time::Instant> = None;
+        let mut quiet = Quiet::new(self.visible_seq.load(Ordering::Acquire));
         while !self.shutdown.load(Ordering::Acquire) {
             {
                 let mut w = self.wake.lock();
@@ -77,7 +113,11 @@ impl DbInner {
             if self.shutdown.load(Ordering::Acquire) {
                 break;
             }
-            if let Err(e) = self.maintenance(true) {
+            let mut round = self.maintenance(true);
+            if round.is_ok() && quiet.merge_due(self, self.opts.idle_merge_after) {
+                round = self.merge_leftover_runs();
+            }
+            if let Err(e) = round {
                 if !e.is_no_space() {
                     tracing::error!(error = %e, "background maintenance failed");
                     *self.bg_error.lock() = Some(e.to_string());
@@ -95,6 +135,19 @@ impl DbInner {
                 });
             }
         }
+    }
+
+    /// Merges the flushed runs into L1 if there are any (background
+    /// maintenance does when writes have stopped: see
+    /// [`crate::Options::idle_merge_after`]). Leaves them when space is low
+    /// (compaction then moves them down as room allows).
+    pub(crate) fn merge_leftover_runs(&self) -> Result<()> {
+        let mut st = self.maint.lock();
+        let version = self.sv.read().version.clone();
+        if version.runs > 0 && !self.space_low() {
+            self.merge_runs(&mut st, &version)?;
+        }
+        Ok(())
     }
 
     /// Flushes, compacts and collects garbage until nothing is due.

@@ -89,6 +89,11 @@ pub struct Options {
     /// Run background work (flush, compaction, GC) on a thread. Tests may turn
     /// it off and call `Db::maintenance` themselves for determinism.
     pub background: bool,
+    /// How long writes must have stopped before background maintenance
+    /// merges the flushed runs left above L1 (up to seven after a load:
+    /// a point read probes each one's Bloom filter, a scan merges them
+    /// all). `None`: only when enough runs pile up.
+    pub idle_merge_after: Option<Duration>,
 }
 
 impl Default for Options {
@@ -112,6 +117,7 @@ impl Default for Options {
             format_segment_pages: None,
             max_write_stall: Duration::from_secs(30),
             background: true,
+            idle_merge_after: Some(Duration::from_secs(10)),
         }
     }
 }
@@ -138,6 +144,7 @@ impl Options {
             format_segment_pages: Some(16),
             max_write_stall: Duration::from_secs(30),
             background: false,
+            idle_merge_after: Some(Duration::from_millis(200)),
         }
     }
 }

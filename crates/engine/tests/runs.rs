@@ -76,3 +76,35 @@ fn flushes_stack_runs_that_shadow_l1_and_merge_into_it() {
     assert_eq!(db.stats().flushed_runs, 0);
     check(&db, 11);
 }
+
+/// With background maintenance, runs that writes left above L1 are merged
+/// once writes stop for `idle_merge_after`, and every key still reads back.
+#[test]
+fn runs_left_by_writes_are_merged_once_writes_stop() {
+    let opts = engine::Options {
+        background: true,
+        idle_merge_after: Some(std::time::Duration::from_millis(300)),
+        ..small_opts()
+    };
+    let dev = nand(16, LossMode::AllUnsynced);
+    let db = open(&dev, &opts);
+    let mut r = 1;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // Write rounds until a flush leaves a run behind (the background
+    // thread flushes the small memtable as it fills).
+    while db.stats().flushed_runs == 0 {
+        assert!(std::time::Instant::now() < deadline, "no run was left");
+        r += 1;
+        write_round(&db, if r == 3 { 4 } else { r });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let last = if r == 3 { 4 } else { r };
+    while db.stats().flushed_runs > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "runs still there long after writes stopped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    check(&db, last);
+}
