@@ -14,8 +14,8 @@
 //! Why: with fixed targets (L1 = base, each level ten times the one above)
 //! the level above the bottom filled up to ten times L1 before the bottom
 //! grew, so every keytable moved into it rewrote about ten times its size,
-//! and a small-value fill's keytable writes grew 3.4 times when the keys
-//! doubled. Equal ratios between all levels, kept small, minimize the sum
+//! and a small-value fill's keytable writes grew 3.7 and 2.7 times as the
+//! keys doubled (10 → 20 → 40 M). Equal ratios between all levels, kept small, minimize the sum
 //! of the per-level rewrite costs (`1 + ratio` each) for a given number of
 //! levels; `bench/RESULTS.md` (session 20) has the measurements.
 
