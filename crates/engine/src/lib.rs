@@ -2,8 +2,8 @@
 //!
 //! Values are appended once to a value log that doubles as the write-ahead
 //! log; keys and value pointers go to the L0 memtable, which is flushed into
-//! sorted keytables on flash (a flushed run each, merged four at a time into
-//! levels L1..Ln). Compaction merges keytables
+//! sorted keytables on flash (a flushed run each, merged eight at a time into
+//! levels L1..Ln, sized from the bottom up). Compaction merges keytables
 //! only — values never move — and keeps exact per-segment live-byte counts;
 //! value GC re-inserts the few live values of mostly-dead segments (PinK) and
 //! trims them. Reads go through an in-DRAM level index, Bloom filters and a

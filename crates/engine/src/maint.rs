@@ -143,9 +143,17 @@ impl DbInner {
     /// (compaction then moves them down as room allows).
     pub(crate) fn merge_leftover_runs(&self) -> Result<()> {
         let mut st = self.maint.lock();
+        if self.space_low() {
+            return Ok(());
+        }
+        self.merge_all_runs(&mut st)
+    }
+
+    /// Merges the flushed runs, if any, into L1 (or a new L1 on top).
+    fn merge_all_runs(&self, st: &mut MaintState) -> Result<()> {
         let version = self.sv.read().version.clone();
-        if version.runs > 0 && !self.space_low() {
-            self.merge_runs(&mut st, &version)?;
+        if version.runs > 0 {
+            self.merge_runs(st, &version)?;
         }
         Ok(())
     }
@@ -226,11 +234,7 @@ impl DbInner {
     pub(crate) fn flush_into_l1(&self) -> Result<()> {
         let mut st = self.maint.lock();
         self.flush_locked(&mut st, kt_reserve::FLUSH)?;
-        let version = self.sv.read().version.clone();
-        if version.runs > 0 {
-            self.merge_runs(&mut st, &version)?;
-        }
-        Ok(())
+        self.merge_all_runs(&mut st)
     }
 
     /// Freezes the memtable, writes it as a new flushed run (see
@@ -563,6 +567,8 @@ impl DbInner {
         Ok(placed)
     }
 
+    /// Writes a built keytable, warms the cache with its blocks and keeps
+    /// its buffer for the next build.
     fn write_keytable(&self, st: &mut MaintState, built: BuiltKeytable) -> Result<Arc<Keytable>> {
         let (seg, first_page) = self.place_pages(st, &built.bytes)?;
         st.kt.recycle(built.bytes);
