@@ -63,17 +63,52 @@ fn shard_of(hash: u64) -> usize {
     (hash >> 40) as usize % SHARDS
 }
 
+/// The tables of an emptied index, kept for another one
+/// ([`MemIndex::into_spare`]).
+pub struct SpareTables(Box<[RwLock<HashTable<Entry>>]>);
+
 impl MemIndex {
     /// An empty index with room for about `keys` keys, so that a memtable
     /// that fills like the one before it never regrows (and rehashes) its
     /// tables.
     pub fn with_capacity(keys: usize) -> Self {
+        Self::reusing(None, keys)
+    }
+
+    /// [`Self::with_capacity`] in the memory of `spare` when given: tables
+    /// that already have the room keep their pages, which fresh tables
+    /// would fault in one by one as keys land in them (on a sequential
+    /// write of 4 KiB blocks, 6 % of a node's CPU).
+    pub fn reusing(spare: Option<SpareTables>, keys: usize) -> Self {
         let per_shard = keys.div_ceil(SHARDS);
-        Self {
-            shards: (0..SHARDS)
+        let shards = match spare {
+            Some(SpareTables(shards)) => {
+                for shard in shards.iter() {
+                    let mut table = shard.write();
+                    debug_assert!(table.is_empty(), "a spare table holds keys");
+                    table.reserve(per_shard, |e| xxh3_64(&e.key));
+                }
+                shards
+            }
+            None => (0..SHARDS)
                 .map(|_| RwLock::new(HashTable::with_capacity(per_shard)))
                 .collect(),
+        };
+        Self { shards }
+    }
+
+    /// Drops every entry, keeping the tables' memory for another index.
+    pub fn into_spare(self) -> SpareTables {
+        for shard in self.shards.iter() {
+            shard.write().clear();
         }
+        SpareTables(self.shards)
+    }
+
+    /// Keys the tables have room for without growing.
+    #[cfg(test)]
+    pub fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.read().capacity()).sum()
     }
 
     /// Keys held.

@@ -160,6 +160,11 @@ fn seek(run: &[Item], head: &KeyHead, key: &[u8], seq: SeqNo) -> usize {
     run.partition_point(|it| order(it.at(), (head, key, seq)) == Ordering::Less)
 }
 
+/// Emptied run vectors a dropped memtable leaves for the next one's merges
+/// (see [`SortedRuns::into_spares`]).
+#[derive(Default)]
+pub(crate) struct SpareRuns(Vec<Vec<Item>>);
+
 #[derive(Default)]
 struct State {
     /// Sorted runs, oldest first.
@@ -200,6 +205,30 @@ impl SortedRuns {
             tail_len: tail,
             max_run,
         }
+    }
+
+    /// Empty, its merges drawing first on the vectors an earlier
+    /// memtable's runs left ([`Self::into_spares`]).
+    pub(crate) fn with_spares(spares: SpareRuns) -> Self {
+        let runs = Self::default();
+        *runs.spares.lock() = spares.0;
+        runs
+    }
+
+    /// Drops every version, keeping the largest [`SPARES`] of the runs'
+    /// vectors (and of the spares) for another memtable's merges. A run a
+    /// reader still holds is left to that reader.
+    pub(crate) fn into_spares(self) -> SpareRuns {
+        let mut spares = self.spares.into_inner();
+        for run in self.state.into_inner().runs {
+            if let Ok(mut v) = Arc::try_unwrap(run) {
+                v.clear();
+                spares.push(v);
+            }
+        }
+        spares.sort_unstable_by_key(|v| std::cmp::Reverse(v.capacity()));
+        spares.truncate(SPARES);
+        SpareRuns(spares)
     }
 
     /// Adds one version.
@@ -292,6 +321,12 @@ impl SortedRuns {
                 spares.swap_remove(i);
             }
         }
+    }
+
+    /// Vectors kept for merges.
+    #[cfg(test)]
+    pub(crate) fn spares(&self) -> usize {
+        self.spares.lock().len()
     }
 
     /// Versions inserted (a relocated version counts twice).
