@@ -103,7 +103,7 @@ impl FileSystem {
         let (_ns, mut txn) = self.begin();
         let key = self.keys.xattr(ino, name);
         let i = txn.read(ino)?;
-        self.settle()?;
+        self.settle_keys(&[&key])?;
         let exists = i.flags & HAS_XATTRS != 0 && self.store.get(&key)?.is_some();
         match (mode, exists) {
             (XattrMode::Create, true) => return posix(libc::EEXIST),
@@ -123,8 +123,9 @@ impl FileSystem {
         if i.flags & HAS_XATTRS == 0 || name.len() > XATTR_NAME_MAX {
             return posix(libc::ENODATA);
         }
-        self.settle()?;
-        match self.store.get(&self.keys.xattr(ino, name))? {
+        let key = self.keys.xattr(ino, name);
+        self.settle_keys(&[&key])?;
+        match self.store.get(&key)? {
             Some(v) => Ok(v.to_vec()),
             None => posix(libc::ENODATA),
         }
@@ -150,7 +151,7 @@ impl FileSystem {
         let (_ns, mut txn) = self.begin();
         let i = txn.read(ino)?;
         let key = self.keys.xattr(ino, name);
-        self.settle()?;
+        self.settle_keys(&[&key])?;
         if i.flags & HAS_XATTRS == 0 || self.store.get(&key)?.is_none() {
             return posix(libc::ENODATA);
         }

@@ -71,7 +71,7 @@ impl FileSystem {
         }
         // The inode (a create may still be queued) reaches the store
         // before its data: no chunk is ever left without an inode.
-        self.settle()?;
+        self.settle_keys(&[&self.keys.inode(ino)])?;
         self.mark_growing(ino, end)?;
         let size = i.size;
         // Chunks this write covers only in part, holding bytes to keep.

@@ -26,6 +26,11 @@ use crate::layout::Keys;
 use crate::registry::FsRecord;
 use crate::writebehind::{write_ops, Change, WriteBehind};
 
+/// How long the background reclaimer lets unlinked files gather after the
+/// first, and most it reclaims in one go.
+const RECLAIM_GATHER: std::time::Duration = std::time::Duration::from_millis(5);
+const RECLAIM_BATCH: usize = 1024;
+
 /// Inode numbers reserved from the counter at a time.
 const INO_BATCH: u64 = 1024;
 /// Stripes of the per-file data locks.
@@ -279,6 +284,26 @@ impl FileSystem {
         }
     }
 
+    /// [`Self::settle`] when a queued change touches one of `keys`: before
+    /// reading them from the store.
+    pub(crate) fn settle_keys(&self, keys: &[&[u8]]) -> Result<()> {
+        let queue = self.write_behind.lock().clone();
+        match queue {
+            Some(wb) => wb.settle_keys(keys),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::settle`] when a queued change touches a key in `[start,
+    /// end)`: before listing them from the store.
+    pub(crate) fn settle_range(&self, start: &[u8], end: &[u8]) -> Result<()> {
+        let queue = self.write_behind.lock().clone();
+        match queue {
+            Some(wb) => wb.settle_range(start, end),
+            None => Ok(()),
+        }
+    }
+
     /// Makes changes depend on `valid` (the mount lease's): while it is
     /// false they fail with EROFS.
     pub fn fence_with(&self, valid: Arc<std::sync::atomic::AtomicBool>) {
@@ -316,8 +341,9 @@ impl FileSystem {
         if let Some(c) = self.cache.lock().get(ino) {
             return Ok(c.inode.clone());
         }
-        self.settle()?;
-        let Some(bytes) = self.store.get(&self.keys.inode(ino))? else {
+        let key = self.keys.inode(ino);
+        self.settle_keys(&[&key])?;
+        let Some(bytes) = self.store.get(&key)? else {
             return posix(libc::ENOENT);
         };
         let inode = Inode::decode(ino, &bytes)?;
@@ -473,7 +499,7 @@ impl FileSystem {
 
     /// Every key in `[start, end)`, listed page by page.
     pub(crate) fn list_keys(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.settle()?;
+        self.settle_range(start, end)?;
         let mut out = Vec::new();
         for_each_page(
             start,
@@ -489,7 +515,7 @@ impl FileSystem {
 
     /// Every live pair in `[start, end)`, read page by page.
     pub(crate) fn list_pairs(&self, start: &[u8], end: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.settle()?;
+        self.settle_range(start, end)?;
         let mut out = Vec::new();
         for_each_page(
             start,
@@ -507,15 +533,44 @@ impl FileSystem {
     /// record, xattrs and reclaim mark. A crash in between leaves the mark,
     /// so the next open finishes the job.
     pub fn reclaim(&self, ino: u64) -> Result<()> {
-        if self.is_open(ino) {
-            return Ok(());
-        }
+        self.reclaim_all(&[ino])
+    }
+
+    /// [`Self::reclaim`] for each of `inos`, which were unlinked before the
+    /// call: one wait for the write-behind queue for all of them (each
+    /// wait makes the queue write at once, so a wait per file of an
+    /// `rm -r` cost a metadata batch per file). Returns the first error,
+    /// after trying every file.
+    pub fn reclaim_all(&self, inos: &[u64]) -> Result<()> {
         self.writable()?;
-        // The unlink must be in the store before the data goes.
+        // The unlinks must be in the store before the data goes.
         self.settle()?;
+        // An unlink and the kernel's last forget of a file both ask.
+        let mut inos = inos.to_vec();
+        inos.sort_unstable();
+        inos.dedup();
+        let mut outcome = Ok(());
+        for ino in inos {
+            if !self.is_open(ino) {
+                if let Err(e) = self.reclaim_settled(ino) {
+                    outcome = outcome.and(Err(e));
+                }
+            }
+        }
+        outcome
+    }
+
+    /// [`Self::reclaim`] once its unlink is in the store.
+    fn reclaim_settled(&self, ino: u64) -> Result<()> {
         let known = match self.inode(ino) {
             Ok(i) if i.nlink > 0 => return Ok(()),
             Ok(i) => Some(i),
+            // Reclaimed already (its mark goes last, with the inode), or
+            // an inode lost with its mark still there: then list what is
+            // left of it.
+            Err(FsError::Posix(_)) if self.store.get(&self.keys.orphan(ino))?.is_none() => {
+                return Ok(())
+            }
             Err(FsError::Posix(_)) => None,
             Err(e) => return Err(e),
         };
@@ -569,9 +624,19 @@ impl FileSystem {
         std::thread::Builder::new()
             .name("fs-reclaim".into())
             .spawn(move || {
-                for ino in rx {
-                    if let Err(e) = fs.reclaim(ino) {
-                        tracing::warn!(ino, error = %e, "cannot reclaim an unlinked file now; the next mount will");
+                while let Ok(first) = rx.recv() {
+                    // Unlinks come in bursts (`rm -r`, a build's clean):
+                    // reclaim what arrives together in one go.
+                    let mut inos = vec![first];
+                    let until = std::time::Instant::now() + RECLAIM_GATHER;
+                    while inos.len() < RECLAIM_BATCH {
+                        match rx.recv_deadline(until) {
+                            Ok(ino) => inos.push(ino),
+                            Err(_) => break,
+                        }
+                    }
+                    if let Err(e) = fs.reclaim_all(&inos) {
+                        tracing::warn!(files = inos.len(), error = %e, "cannot reclaim unlinked files now; the next mount will");
                     }
                 }
             })

@@ -77,8 +77,9 @@ impl FileSystem {
                 Known::Unknown => d.generation(),
             }
         };
-        self.settle()?;
-        match self.store.get(&self.keys.dentry(parent, name))? {
+        let key = self.keys.dentry(parent, name);
+        self.settle_keys(&[&key])?;
+        match self.store.get(&key)? {
             Some(v) => {
                 let (ino, kind) = decode_dentry(&v)?;
                 self.dentries
@@ -196,7 +197,7 @@ impl FileSystem {
     /// Whether directory `ino` has no entries.
     fn is_empty_dir(&self, ino: u64) -> Result<bool> {
         let (s, e) = self.keys.dentries(ino);
-        self.settle()?;
+        self.settle_range(&s, &e)?;
         Ok(self.store.range(&s, &e, 1)?.is_empty())
     }
 
