@@ -249,6 +249,81 @@ fn batches(changes: Vec<Change>) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use client::MemStore;
+    use std::sync::atomic::Ordering;
+
+    /// Runs `f` on a thread; its result if it returns within `wait`.
+    fn within<T: Send + 'static>(
+        wait: Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(wait).ok()
+    }
+
+    #[test]
+    fn reads_wait_only_for_queued_changes_to_their_keys() {
+        let k = |s: &str| s.as_bytes().to_vec();
+        let wb = WriteBehind::new();
+        // No writer runs yet: the change to "b" stays queued.
+        wb.push(vec![(k("b"), Some(k("1")))]);
+        let w = wb.clone();
+        let other = within(Duration::from_secs(5), move || {
+            (
+                w.settle_keys(&[b"a", b"c"]).is_ok(),
+                w.settle_range(b"c", b"z").is_ok(),
+            )
+        });
+        assert_eq!(other, Some((true, true)), "untouched keys do not wait");
+        let w = wb.clone();
+        let (tx, done) = crossbeam_channel::bounded(2);
+        let tx2 = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(w.settle_keys(&[b"b"]).is_ok());
+        });
+        let w = wb.clone();
+        std::thread::spawn(move || {
+            let _ = tx2.send(w.settle_range(b"a", b"c").is_ok());
+        });
+        assert!(
+            done.recv_timeout(Duration::from_millis(100)).is_err(),
+            "a read of a queued key waits for the writer"
+        );
+        let store = Arc::new(MemStore::new());
+        let (w, st) = (wb.clone(), store.clone());
+        let writer = std::thread::spawn(move || w.run(&*st, || true));
+        for _ in 0..2 {
+            assert_eq!(done.recv_timeout(Duration::from_secs(5)), Ok(true));
+        }
+        assert_eq!(store.get(b"b").ok().flatten().as_deref(), Some(&b"1"[..]));
+        wb.stop();
+        writer.join().expect("writer");
+    }
+
+    #[test]
+    fn a_burst_of_changes_goes_out_in_few_batches() {
+        let wb = WriteBehind::new();
+        let store = Arc::new(MemStore::new());
+        let (w, st) = (wb.clone(), store.clone());
+        let writer = std::thread::spawn(move || w.run(&*st, || true));
+        for i in 0..20u32 {
+            wb.push(vec![(i.to_be_bytes().to_vec(), Some(vec![1]))]);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        wb.settle().expect("settle");
+        let batches = store.writes.load(Ordering::Relaxed);
+        // Written as they came, each change would go alone (20 batches).
+        assert!(
+            batches <= 10,
+            "{batches} batches for a 4 ms burst of 20 changes"
+        );
+        assert_eq!(store.len(), 20);
+        wb.stop();
+        writer.join().expect("writer");
+    }
 
     #[test]
     fn batches_keep_the_last_write_per_key_and_never_split_a_change() {
