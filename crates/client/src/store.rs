@@ -111,6 +111,8 @@ pub struct MemStore {
     pub writes: AtomicU64,
     /// Calls to `sync` so far.
     pub syncs: AtomicU64,
+    /// Calls to `range` (and `range_keys`) so far.
+    pub ranges: AtomicU64,
 }
 
 impl MemStore {
@@ -155,6 +157,7 @@ impl Store for MemStore {
         self.write(ops)
     }
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
+        self.ranges.fetch_add(1, Ordering::Relaxed);
         let map = self.map.lock();
         let upper = if end.is_empty() {
             std::ops::Bound::Unbounded

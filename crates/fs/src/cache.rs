@@ -5,9 +5,9 @@
 //! unmount, a timer) writes dirty inodes back. Clean entries are dropped
 //! when the cache grows past its bound; dirty ones never are.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use crate::inode::Inode;
+use crate::inode::{Inode, Kind};
 
 /// Most clean inodes kept.
 const MAX_CLEAN: usize = 100_000;
@@ -76,31 +76,55 @@ const MAX_DENTRIES: usize = 200_000;
 
 /// The adapter's directory-entry cache: positive entries, and for
 /// directories whose every entry is known (made by this mount, or listed
-/// whole under the metadata lock) authoritative misses. Changed only under
-/// the metadata lock after the store took the change; a reader that read
-/// the store without that lock inserts only if no change happened since it
-/// started (`generation`).
+/// whole under the metadata lock) authoritative misses and listings.
+/// Changed only under the metadata lock after the store took the change; a
+/// reader that read the store without that lock inserts only if no change
+/// happened since it started (`generation`).
 #[derive(Default)]
 pub struct DentryCache {
-    map: HashMap<(u64, Vec<u8>), (u64, crate::inode::Kind)>,
-    complete: std::collections::HashSet<u64>,
+    dirs: HashMap<u64, DirEntries>,
+    /// Entries held, over all directories.
+    len: usize,
     generation: u64,
+}
+
+/// The cached entries of one directory, by name.
+#[derive(Default)]
+struct DirEntries {
+    names: BTreeMap<Vec<u8>, (u64, Kind)>,
+    /// `names` holds every entry of the directory.
+    complete: bool,
 }
 
 /// What the cache knows of one name.
 pub enum Known {
-    Entry(u64, crate::inode::Kind),
+    Entry(u64, Kind),
     Absent,
     Unknown,
 }
 
 impl DentryCache {
     pub fn get(&self, parent: u64, name: &[u8]) -> Known {
-        match self.map.get(&(parent, name.to_vec())) {
+        let Some(dir) = self.dirs.get(&parent) else {
+            return Known::Unknown;
+        };
+        match dir.names.get(name) {
             Some(&(ino, kind)) => Known::Entry(ino, kind),
-            None if self.complete.contains(&parent) => Known::Absent,
+            None if dir.complete => Known::Absent,
             None => Known::Unknown,
         }
+    }
+
+    /// Every entry of `dir` in name order (as the store lists them), when
+    /// the cache holds them all.
+    pub fn list(&self, dir: u64) -> Option<Vec<(Vec<u8>, u64, Kind)>> {
+        let d = self.dirs.get(&dir).filter(|d| d.complete)?;
+        Some(
+            d.names
+                .iter()
+                .map(|(name, &(ino, kind))| (name.clone(), ino, kind))
+                .collect(),
+        )
     }
 
     pub fn generation(&self) -> u64 {
@@ -109,50 +133,88 @@ impl DentryCache {
 
     /// Records an entry read from the store when the read began at
     /// `generation`.
-    pub fn learned(
-        &mut self,
-        generation: u64,
-        parent: u64,
-        name: &[u8],
-        ino: u64,
-        kind: crate::inode::Kind,
-    ) {
+    pub fn learned(&mut self, generation: u64, parent: u64, name: &[u8], ino: u64, kind: Kind) {
         if generation == self.generation {
             self.insert(parent, name, ino, kind);
         }
     }
 
-    pub fn insert(&mut self, parent: u64, name: &[u8], ino: u64, kind: crate::inode::Kind) {
+    pub fn insert(&mut self, parent: u64, name: &[u8], ino: u64, kind: Kind) {
         self.generation += 1;
-        if self.map.len() >= MAX_DENTRIES {
+        if self.len >= MAX_DENTRIES {
             self.clear();
         }
-        self.map.insert((parent, name.to_vec()), (ino, kind));
+        let dir = self.dirs.entry(parent).or_default();
+        if dir.names.insert(name.to_vec(), (ino, kind)).is_none() {
+            self.len += 1;
+        }
     }
 
     pub fn remove(&mut self, parent: u64, name: &[u8]) {
         self.generation += 1;
-        self.map.remove(&(parent, name.to_vec()));
+        if let Some(dir) = self.dirs.get_mut(&parent) {
+            if dir.names.remove(name).is_some() {
+                self.len -= 1;
+            }
+        }
     }
 
     /// Every entry of `dir` is in the cache (or it has none).
     pub fn set_complete(&mut self, dir: u64) {
-        if self.map.len() < MAX_DENTRIES {
-            self.complete.insert(dir);
+        if self.len < MAX_DENTRIES {
+            self.dirs.entry(dir).or_default().complete = true;
         }
     }
 
     /// `dir` is gone.
     pub fn forget_dir(&mut self, dir: u64) {
         self.generation += 1;
-        self.complete.remove(&dir);
+        if let Some(d) = self.dirs.remove(&dir) {
+            self.len -= d.names.len();
+        }
     }
 
     /// Forgets everything (after a failed change: the store may or may not
     /// hold it).
     pub fn clear(&mut self) {
         self.generation += 1;
-        self.map.clear();
-        self.complete.clear();
+        self.dirs.clear();
+        self.len = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn complete_directories_answer_misses_and_listings() {
+        let mut c = DentryCache::default();
+        c.insert(1, b"b", 11, Kind::File);
+        c.insert(1, b"a", 10, Kind::Dir);
+        assert!(matches!(c.get(1, b"a"), Known::Entry(10, Kind::Dir)));
+        assert!(matches!(c.get(1, b"zz"), Known::Unknown));
+        assert!(c.list(1).is_none(), "not known to be whole");
+        c.set_complete(1);
+        assert!(matches!(c.get(1, b"zz"), Known::Absent));
+        c.insert(1, b"c", 12, Kind::File);
+        c.remove(1, b"b");
+        let names: Vec<_> = c
+            .list(1)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.0)
+            .collect();
+        assert_eq!(names, [b"a".to_vec(), b"c".to_vec()]);
+        c.set_complete(2);
+        assert_eq!(
+            c.list(2).map(|l| l.len()),
+            Some(0),
+            "a new directory is empty"
+        );
+        c.forget_dir(1);
+        assert!(matches!(c.get(1, b"a"), Known::Unknown));
+        assert!(c.list(1).is_none());
+        assert_eq!(c.len, 0);
     }
 }

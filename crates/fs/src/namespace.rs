@@ -417,6 +417,9 @@ impl FileSystem {
         // Under the metadata lock, so the listing is whole and the cache
         // may call the directory complete.
         let _ns = self.ns.lock();
+        if let Some(cached) = self.dentries.lock().list(ino) {
+            return Ok(cached);
+        }
         let entries = self
             .list_pairs(&s, &e)?
             .into_iter()

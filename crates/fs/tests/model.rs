@@ -159,6 +159,38 @@ fn an_unlinked_file_the_kernel_still_knows_is_reclaimed_at_forget() {
     assert!(store.len() < before);
 }
 
+/// A directory this mount made, or listed whole once, lists from the
+/// mount's cache without a store read (the mount owns the file system);
+/// another mount lists the same names from the store.
+#[test]
+fn whole_directories_list_from_the_cache() {
+    let (store, fs, rec) = new_fs(4096);
+    let d = fs.make(ME, ROOT, b"d", node(Kind::Dir)).expect("d");
+    for n in [&b"b"[..], b"a", b"c"] {
+        fs.make(ME, d.ino, n, node(Kind::File)).expect("file");
+    }
+    fs.unlink(d.ino, b"c").expect("unlink");
+    let names = |fs: &FileSystem| -> Vec<Vec<u8>> {
+        fs.list_dir(d.ino)
+            .expect("list")
+            .into_iter()
+            .map(|e| e.0)
+            .collect()
+    };
+    let ranges = || store.ranges.load(std::sync::atomic::Ordering::Relaxed);
+    let before = ranges();
+    assert_eq!(names(&fs), [b"a".to_vec(), b"b".to_vec()]);
+    assert_eq!(ranges(), before, "listed from the cache");
+    fs.flush_all().expect("flush");
+    let other = FileSystem::open(store.clone(), &rec).expect("reopen");
+    assert_eq!(names(&other), [b"a".to_vec(), b"b".to_vec()]);
+    let read = ranges();
+    assert!(read > before, "a new mount reads the store");
+    other.make(ME, d.ino, b"e", node(Kind::File)).expect("e");
+    assert_eq!(names(&other).len(), 3);
+    assert_eq!(ranges(), read, "listed whole once, then from the cache");
+}
+
 /// Writers on one file run at the same time, some on the same chunks,
 /// some growing the file: every byte ends as one of the writes left it,
 /// in the order each chunk's writes ran, and the size is the furthest end.
