@@ -347,7 +347,7 @@ impl Db {
     /// Runs flush, compaction and GC until no work is due (tests and tools;
     /// the background thread does this on its own).
     pub fn maintenance(&self) -> Result<()> {
-        self.inner.maintenance(false)
+        self.inner.maintenance()
     }
 
     /// Flushes the memtable to L1 now (merging the flushed runs into it).

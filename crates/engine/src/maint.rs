@@ -113,7 +113,7 @@ impl DbInner {
             if self.shutdown.load(Ordering::Acquire) {
                 break;
             }
-            let mut round = self.maintenance(true);
+            let mut round = self.maintenance();
             if round.is_ok() && quiet.merge_due(self, self.opts.idle_merge_after) {
                 round = self.merge_leftover_runs();
             }
@@ -159,7 +159,7 @@ impl DbInner {
     }
 
     /// Flushes, compacts and collects garbage until nothing is due.
-    pub(crate) fn maintenance(&self, _background: bool) -> Result<()> {
+    pub(crate) fn maintenance(&self) -> Result<()> {
         let mut st = self.maint.lock();
         if self.boot_checkpoint.lock().is_some() {
             // Opening could not write its checkpoint (host full): first of all.
