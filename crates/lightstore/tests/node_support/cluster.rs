@@ -40,18 +40,42 @@ impl TestCluster {
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         for i in 0..n {
-            c.restart(i);
+            c.start_first(i);
         }
         c
     }
 
+    /// Starts node `i` for the first time. A port that another test took
+    /// between [`free_port`] and the node's bind is traded for a new one:
+    /// nothing knows the node's address yet.
+    fn start_first(&mut self, i: usize) {
+        for _ in 0..5 {
+            match self.try_start(i) {
+                Ok(node) => {
+                    self.nodes[i] = Some(node);
+                    return;
+                }
+                Err((_, log)) if log.contains("Address already in use") => {
+                    self.addrs[i] = format!("127.0.0.1:{}", free_port());
+                }
+                Err((code, log)) => panic!("node {i} failed ({code:?}):\n{log}"),
+            }
+        }
+        panic!("node {i}: every port tried was taken");
+    }
+
     pub fn restart(&mut self, i: usize) {
+        let node = self
+            .try_start(i)
+            .unwrap_or_else(|(code, log)| panic!("node {i} failed ({code:?}):\n{log}"));
+        self.nodes[i] = Some(node);
+    }
+
+    fn try_start(&self, i: usize) -> Result<Node, (Option<i32>, String)> {
         std::fs::create_dir_all(&self.dirs[i]).expect("node dir");
         let mut flags = vec!["--durability", "sync"];
         flags.extend(self.extra.iter().map(String::as_str));
-        let node = Node::start_at(&self.dirs[i], &self.addrs[i], &flags)
-            .unwrap_or_else(|(code, log)| panic!("node {i} failed ({code:?}):\n{log}"));
-        self.nodes[i] = Some(node);
+        Node::start_at(&self.dirs[i], &self.addrs[i], &flags)
     }
 
     pub fn kill(&mut self, i: usize) {
