@@ -374,18 +374,12 @@ impl Filesystem for FuseFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Declined once, the kernel stops sending FLUSH at every close (it
-        // still writes the file's dirty pages back first): a create or an
-        // open and close cost one round trip fewer. RELEASE, which follows
-        // the last close without the closer waiting for it, writes the
-        // inode back instead, as FLUSH did; neither was ever durable
-        // (fsync is). The mount takes no POSIX locks, FLUSH's other use.
-        reply.error(Errno::ENOSYS);
+        Self::reply_empty("flush", self.fs.flush_inode(ino.0), reply);
     }
 
     fn release(
