@@ -277,31 +277,26 @@ impl FileSystem {
     /// Returns once every metadata change acknowledged so far is in the
     /// store (before reading metadata from it, and for fsync).
     pub(crate) fn settle(&self) -> Result<()> {
-        let queue = self.write_behind.lock().clone();
-        match queue {
-            Some(wb) => wb.settle(),
-            None => Ok(()),
-        }
+        self.wait_for_queue(WriteBehind::settle)
     }
 
     /// [`Self::settle`] when a queued change touches one of `keys`: before
     /// reading them from the store.
     pub(crate) fn settle_keys(&self, keys: &[&[u8]]) -> Result<()> {
-        let queue = self.write_behind.lock().clone();
-        match queue {
-            Some(wb) => wb.settle_keys(keys),
-            None => Ok(()),
-        }
+        self.wait_for_queue(|wb| wb.settle_keys(keys))
     }
 
     /// [`Self::settle`] when a queued change touches a key in `[start,
     /// end)`: before listing them from the store.
     pub(crate) fn settle_range(&self, start: &[u8], end: &[u8]) -> Result<()> {
+        self.wait_for_queue(|wb| wb.settle_range(start, end))
+    }
+
+    /// Runs `wait` on the write-behind queue, if there is one (without
+    /// holding the slot's lock while it waits).
+    fn wait_for_queue(&self, wait: impl FnOnce(&WriteBehind) -> Result<()>) -> Result<()> {
         let queue = self.write_behind.lock().clone();
-        match queue {
-            Some(wb) => wb.settle_range(start, end),
-            None => Ok(()),
-        }
+        queue.map_or(Ok(()), |wb| wait(&wb))
     }
 
     /// Makes changes depend on `valid` (the mount lease's): while it is
