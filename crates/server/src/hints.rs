@@ -63,17 +63,14 @@ pub fn hint_value(version: u64) -> Bytes {
     protocol::versioned::encode_value(version, b"")
 }
 
-/// Most hints [`pending`] counts before it reports a lower bound.
-pub const PENDING_CAP: u64 = 1_000_000;
-
 /// Hints kept per target, counted from the store (keys only, no value
-/// read): exact up to [`PENDING_CAP`] in total, then a lower bound (the
-/// flag says so). Counted when asked, so it never drifts from the store.
-pub fn pending(db: &engine::Db) -> engine::Result<(BTreeMap<String, u64>, bool)> {
+/// read). Run once when the node opens its store, before it serves anyone
+/// or delivers anything; from then on [`HintState`] keeps the counts in
+/// step with every hint written or deleted, so `INFO handoff` (which
+/// monitoring may poll often) reads them without a scan.
+pub fn count_stored(db: &engine::Db) -> engine::Result<BTreeMap<String, u64>> {
     const CHUNK: usize = 4096;
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    let mut total = 0u64;
-    let mut capped = false;
     crate::data::scan_key_pages(db, hints_start(), &hints_end(), CHUNK, |keys| {
         for k in keys {
             if let Some((target, _)) = parse_hint_key(k) {
@@ -82,12 +79,9 @@ pub fn pending(db: &engine::Db) -> engine::Result<(BTreeMap<String, u64>, bool)>
                     .or_default() += 1;
             }
         }
-        total += keys.len() as u64;
-        // A full page with the cap reached: there may be more.
-        capped = keys.len() == CHUNK && total >= PENDING_CAP;
-        !capped
+        true
     })?;
-    Ok((counts, capped))
+    Ok(counts)
 }
 
 /// Hinted handoff's counters and the handoff thread's wake-up.
@@ -95,6 +89,11 @@ pub fn pending(db: &engine::Db) -> engine::Result<(BTreeMap<String, u64>, bool)>
 pub struct HintState {
     /// Hints delivered since start.
     pub delivered: AtomicU64,
+    /// Hints kept per target: counted from the store at start
+    /// ([`count_stored`]), then raised by each hint [`hint`] creates and
+    /// lowered by each one delivery deletes (the only two ways a hint key
+    /// comes or goes: clients cannot write reserved keys).
+    pending: Mutex<BTreeMap<String, u64>>,
     /// The last delivery failure, per target (cleared by a success).
     pub last_error: Mutex<BTreeMap<String, String>>,
     wake: Mutex<bool>,
@@ -102,6 +101,26 @@ pub struct HintState {
 }
 
 impl HintState {
+    /// Counters for a store holding `pending` hints per target.
+    pub fn with_pending(pending: BTreeMap<String, u64>) -> Self {
+        HintState {
+            pending: Mutex::new(pending),
+            ..HintState::default()
+        }
+    }
+
+    /// Hints kept per target, targets with none left out.
+    pub fn pending(&self) -> BTreeMap<String, u64> {
+        self.pending.lock().clone()
+    }
+
+    /// Counts `n` hints created for `target`.
+    fn created(&self, target: &str, n: u64) {
+        if n > 0 {
+            *self.pending.lock().entry(target.to_string()).or_default() += n;
+        }
+    }
+
     /// Wakes the handoff thread (new hints, or shutdown).
     pub fn wake(&self) {
         *self.wake.lock() = true;
@@ -117,10 +136,18 @@ impl HintState {
         *woken = false;
     }
 
-    /// Records a delivery's outcome.
+    /// Records a delivery's outcome: `n` hints for `target` deleted.
     pub fn delivered(&self, target: &str, n: u64) {
         self.delivered.fetch_add(n, Ordering::Relaxed);
         self.last_error.lock().remove(target);
+        let mut pending = self.pending.lock();
+        if let Some(left) = pending.get_mut(target) {
+            debug_assert!(*left >= n, "{target}: {n} hints deleted, {left} counted");
+            *left = left.saturating_sub(n);
+            if *left == 0 {
+                pending.remove(target);
+            }
+        }
     }
 }
 
@@ -163,9 +190,17 @@ pub fn hint(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         ops.push(BatchOp::Put(Bytes::from(key), hint_value(version)));
         versions.push(version);
     }
+    // Whether each hint is new (not a raise of one already kept), for the
+    // counts; judged under the batch's key locks, so exact.
+    let mut new = vec![false; ops.len()];
     let written = state.db.write_batch_if(&ops, |i, current| {
+        new[i] = !current.exists();
         Ok(crate::vcmd::stored_version(current)? < versions[i])
     })?;
+    let created = written.iter().zip(&new).filter(|(&w, &n)| w && n).count();
+    state
+        .hints
+        .created(&String::from_utf8_lossy(target), created as u64);
     state.hints.wake();
     Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
 }

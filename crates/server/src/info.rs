@@ -173,16 +173,10 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
         }
         "handoff" => {
             let h = &state.hints;
-            match crate::hints::pending(&state.db) {
-                Ok((targets, capped)) => {
-                    line("hints_pending", &targets.values().sum::<u64>());
-                    line("hints_pending_approximate", &u8::from(capped));
-                    let targets: Vec<String> =
-                        targets.iter().map(|(t, n)| format!("{t}={n}")).collect();
-                    line("hints_targets", &targets.join(","));
-                }
-                Err(e) => line("hints_error", &e),
-            }
+            let targets = h.pending();
+            line("hints_pending", &targets.values().sum::<u64>());
+            let targets: Vec<String> = targets.iter().map(|(t, n)| format!("{t}={n}")).collect();
+            line("hints_targets", &targets.join(","));
             line("hints_delivered", &h.delivered.load(Ordering::Relaxed));
             let errors = h.last_error.lock();
             if let Some((t, why)) = errors.iter().next() {

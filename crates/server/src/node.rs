@@ -171,6 +171,19 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         eprintln!("WARNING: {msg}");
     }
     let mut state = NodeState::new(db, config.clone(), limits, request_budget, addr.port());
+    // Before anyone is served or anything delivered: from here on the
+    // counts follow every hint written or deleted.
+    let counting = Instant::now();
+    let pending = crate::hints::count_stored(&state.db).map_err(ServerError::Engine)?;
+    let kept: u64 = pending.values().sum();
+    if kept > 0 {
+        tracing::info!(
+            hints = kept,
+            seconds = counting.elapsed().as_secs_f64(),
+            "hints kept for other nodes"
+        );
+    }
+    state.hints = crate::hints::HintState::with_pending(pending);
     state.net_reads = {
         let _guard = runtime.enter();
         crate::netread::NetReads::start()
