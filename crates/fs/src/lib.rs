@@ -5,7 +5,8 @@
 //! records (`inode.rs`), metadata changes as atomic batches on one replica
 //! set (`filesystem.rs`, `namespace.rs`, `attrs.rs`), chunked file data
 //! (`data.rs`), the cluster's file systems (`registry.rs`), the one-mount
-//! lease (`lease.rs`) and the kernel interface (`fuse.rs`). It is built on
+//! lease (`lease.rs`) and the kernel interface (`fuse.rs`, and the mount's
+//! read-ahead window in `readahead.rs`). It is built on
 //! [`client::Store`] only, so its logic runs against the in-memory model in
 //! tests and against the cluster when mounted.
 
@@ -19,6 +20,7 @@ pub mod inode;
 pub mod layout;
 pub mod lease;
 pub mod namespace;
+pub mod readahead;
 pub mod registry;
 mod writebehind;
 

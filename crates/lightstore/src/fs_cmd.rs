@@ -18,6 +18,8 @@ use crate::cluster_cmd::ClusterTarget;
 
 /// How often a mount writes back changed inodes.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// How long the read-ahead setter waits for the mount to answer.
+const READ_AHEAD_WAIT: Duration = Duration::from_secs(10);
 
 /// Flags of `lightstore fs`.
 #[derive(Args, Debug)]
@@ -78,6 +80,11 @@ pub struct MountArgs {
     /// or write each before it returns (no).
     #[arg(long, value_parser = ["yes", "no"], default_value = "yes")]
     write_behind: String,
+    /// The kernel's read-ahead window for sequential reads (FUSE leaves it
+    /// at 128 KiB; set through sysfs once mounted, which needs root; 0
+    /// keeps the kernel's).
+    #[arg(long, value_parser = crate::bench::parse_size, default_value = "4M")]
+    read_ahead: u64,
 }
 
 fn chunk_size(v: Option<u64>) -> Result<u32, Box<dyn std::error::Error>> {
@@ -257,6 +264,17 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
             detach(&mountpoint);
         }
     });
+    if args.read_ahead > 0 {
+        let (mountpoint, bytes) = (args.mountpoint.clone(), args.read_ahead);
+        std::thread::spawn(move || {
+            match fs::readahead::widen_when_mounted(&mountpoint, bytes, READ_AHEAD_WAIT) {
+                Ok(path) => tracing::debug!(path = %path.display(), bytes, "read-ahead set"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "read-ahead left at the kernel's default (128 KiB)")
+                }
+            }
+        });
+    }
     eprintln!(
         "lightstore mount: {name} mounted on {}",
         args.mountpoint.display()

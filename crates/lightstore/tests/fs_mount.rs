@@ -232,6 +232,20 @@ fn a_tree_unpacks_survives_a_remount_and_hosts_git() {
     make_tree(&src, 300);
     let mnt = tmp.path().join("mnt");
     let m = Mount::start(&nodes, "t1", &mnt, &[]);
+    // The kernel's 128 KiB read-ahead for FUSE is widened to the default 4 MiB.
+    let window = {
+        use std::os::unix::fs::MetadataExt;
+        fs::readahead::sysfs_path(std::fs::metadata(&mnt).expect("stat mount").dev())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let kb = std::fs::read_to_string(&window).unwrap_or_default();
+        if kb.trim() == "4096" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}: {kb}", window.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // One mount per file system.
     let mut second = Mount::spawn(&nodes, "t1", &tmp.path().join("mnt2"), &[]);
