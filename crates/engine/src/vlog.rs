@@ -856,22 +856,17 @@ impl ValueLog {
                     _ => extents.push((seg, a, z, vec![d])),
                 }
             }
-            let mut bufs: Vec<AlignedBuf> = extents
+            let shapes: Vec<(SegmentId, u64, usize)> = extents
                 .iter()
-                .map(|(_, a, z, _)| AlignedBuf::new_zeroed((z - a) as usize))
+                .map(|(seg, a, z, _)| (*seg, *a, (z - a) as usize))
                 .collect();
-            {
-                let mut batch: Vec<(SegmentId, u64, &mut [u8])> = extents
-                    .iter()
-                    .zip(bufs.iter_mut())
-                    // Exactly the extent: the buffer itself is rounded up to 4 KiB.
-                    .map(|((seg, a, z, _), b)| (*seg, *a, &mut b[..(z - a) as usize]))
-                    .collect();
-                self.flash.read_many(&mut batch)?;
-            }
+            // Into buffers not zeroed first where the device allows it.
+            let bufs = match self.flash.read_now(&shapes)? {
+                Some(bufs) => bufs,
+                None => self.read_zeroed(&shapes)?,
+            };
             for ((_, a, _, members), buf) in extents.iter().zip(bufs) {
                 // Values are slices of the read buffer: no copy.
-                let buf = Bytes::from_owner(buf);
                 for &d in members {
                     let (i, s, e) = device[d];
                     let raw = buf.slice((s - a) as usize..(e - a) as usize);
@@ -880,6 +875,26 @@ impl ValueLog {
             }
         }
         Ok(out.into_iter().map(|v| v.unwrap_or_default()).collect())
+    }
+
+    /// Reads each `(segment, offset, len)` into a zeroed buffer of its own
+    /// with [`FlashStore::read_many`] (the path for devices and threads
+    /// that [`FlashStore::read_now`] cannot serve).
+    fn read_zeroed(&self, shapes: &[(SegmentId, u64, usize)]) -> Result<Vec<Bytes>> {
+        let mut bufs: Vec<AlignedBuf> = shapes
+            .iter()
+            .map(|&(_, _, len)| AlignedBuf::new_zeroed(len))
+            .collect();
+        {
+            let mut batch: Vec<(SegmentId, u64, &mut [u8])> = shapes
+                .iter()
+                .zip(bufs.iter_mut())
+                // Exactly the extent: the buffer itself is rounded up to 4 KiB.
+                .map(|(&(seg, a, len), b)| (seg, a, &mut b[..len]))
+                .collect();
+            self.flash.read_many(&mut batch)?;
+        }
+        Ok(bufs.into_iter().map(Bytes::from_owner).collect())
     }
 
     /// Starts the read of the value of the PUT record at `ptr` (whose key

@@ -19,6 +19,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use parking_lot::Mutex;
 
 use crate::checkpoint::{self, HEADER_LEN};
@@ -579,6 +581,29 @@ impl FlashStore {
             .dev
             .read_fd(at, len)
             .map(|fd| DirectRead::new(Arc::clone(&self.dev), fd, at, len)))
+    }
+
+    /// Reads each `(segment, offset, len)` of `extents` into a buffer of its
+    /// own that is not zeroed first, all in flight together
+    /// ([`crate::read_now`]): each buffer's first `len` bytes are the
+    /// extent's. `Ok(None)` when this device or thread cannot (no io_uring,
+    /// an extent direct I/O cannot read as laid out) or the batch failed:
+    /// the caller then reads with [`FlashStore::read_many`], which also
+    /// reports a real error as such.
+    pub fn read_now(&self, extents: &[(SegmentId, u64, usize)]) -> Result<Option<Vec<Bytes>>> {
+        let mut reads = Vec::with_capacity(extents.len());
+        for &(seg, offset, len) in extents {
+            match self.direct_read(seg, offset, len)? {
+                Some(read) => reads.push(read),
+                None => return Ok(None),
+            }
+        }
+        match crate::iotime::timed(|| crate::read_now(&mut reads)) {
+            Some(Ok(())) => Ok(Some(
+                reads.into_iter().map(DirectRead::into_bytes).collect(),
+            )),
+            Some(Err(_)) | None => Ok(None),
+        }
     }
 
     /// Several [`FlashStore::read`]s, issued in parallel when the device can.

@@ -75,6 +75,38 @@ pub(crate) fn disable() {
 /// hit the end of the file. With O_DIRECT the buffers, lengths and offsets
 /// must be aligned as the file requires.
 pub(crate) fn read_batch(fd: RawFd, reqs: &mut [(u64, &mut [u8])]) -> Option<io::Result<()>> {
+    let targets: Vec<Target> = reqs
+        .iter_mut()
+        .map(|(offset, buf)| Target {
+            fd,
+            offset: *offset,
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        })
+        .collect();
+    // SAFETY: each target is a buffer borrowed mutably from `reqs` for the
+    // whole call.
+    unsafe { read_targets(&targets) }
+}
+
+/// Where one read of a batch goes: `len` bytes at `offset` of `fd` into
+/// the memory at `ptr`.
+pub(crate) struct Target {
+    pub fd: RawFd,
+    pub offset: u64,
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// [`read_batch`] into raw memory, which need not be initialized: the
+/// kernel only writes it. On `Some(Ok(()))` every target's `len` bytes
+/// were written.
+///
+/// # Safety
+/// Each target's `ptr` must be valid for writes of `len` bytes, not read or
+/// written by anyone else until this returns, and the targets must not
+/// overlap.
+pub(crate) unsafe fn read_targets(reqs: &[Target]) -> Option<io::Result<()>> {
     if !available() {
         return None;
     }
@@ -91,7 +123,8 @@ pub(crate) fn read_batch(fd: RawFd, reqs: &mut [(u64, &mut [u8])]) -> Option<io:
             }
         }
         let ring = slot.as_mut()?;
-        Some(run(ring, fd, reqs))
+        // SAFETY: passed on from the caller.
+        Some(unsafe { run(ring, reqs) })
     })
 }
 
@@ -117,7 +150,10 @@ fn report_off(e: &io::Error) {
 }
 
 /// Streams `reqs` through `ring`, at most [`RING_ENTRIES`] in flight.
-fn run(ring: &mut IoUring, fd: RawFd, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+///
+/// # Safety
+/// As [`read_targets`].
+unsafe fn run(ring: &mut IoUring, reqs: &[Target]) -> io::Result<()> {
     // Bytes read so far per request; a short read is continued.
     let mut done = vec![0usize; reqs.len()];
     let mut next = 0; // next request never submitted
@@ -135,16 +171,17 @@ fn run(ring: &mut IoUring, fd: RawFd, reqs: &mut [(u64, &mut [u8])]) -> io::Resu
                 }
                 None => break,
             };
-            let (offset, buf) = &mut reqs[i];
-            let rest = &mut buf[done[i]..];
-            let len = u32::try_from(rest.len()).unwrap_or(u32::MAX);
-            let sqe = opcode::Read::new(types::Fd(fd), rest.as_mut_ptr(), len)
-                .offset(*offset + done[i] as u64)
+            let t = &reqs[i];
+            let len = u32::try_from(t.len - done[i]).unwrap_or(u32::MAX);
+            // SAFETY: `done[i] < t.len`, so this stays inside the target.
+            let rest = unsafe { t.ptr.add(done[i]) };
+            let sqe = opcode::Read::new(types::Fd(t.fd), rest, len)
+                .offset(t.offset + done[i] as u64)
                 .build()
                 .user_data(i as u64);
-            // SAFETY: the buffer is borrowed mutably for the whole call and
-            // this function returns only when `in_flight` is zero, i.e. after
-            // the kernel has completed this read.
+            // SAFETY: the target is the caller's for the whole call (see
+            // `read_targets`) and this function returns only when
+            // `in_flight` is zero, i.e. after the kernel completed this read.
             if unsafe { ring.submission().push(&sqe) }.is_err() {
                 retry.push(i); // queue full: submit what is there first
                 break;
@@ -160,7 +197,7 @@ fn run(ring: &mut IoUring, fd: RawFd, reqs: &mut [(u64, &mut [u8])]) -> io::Resu
             in_flight -= 1;
             let i = cqe.user_data() as usize;
             let res = cqe.result();
-            let want = reqs[i].1.len();
+            let want = reqs[i].len;
             if res < 0 {
                 first_error.get_or_insert(io::Error::from_raw_os_error(-res));
             } else if res == 0 {
