@@ -146,6 +146,11 @@ pub struct Conn {
     pending: Bytes,
     /// How much the next read makes room for (see [`Conn::read_room`]).
     room: usize,
+    /// The size of the reply being received, guessed from its first bytes
+    /// ([`protocol::reply_size_hint`]), so a large one gets its
+    /// buffer once rather than regrown (and copied) read by read; 0 when
+    /// no reply is in progress or its size is unknown.
+    expect: usize,
     /// The socket's read and write timeouts as last set (`None`: not set
     /// yet). Each change is a system call, so they change only when they
     /// must (see [`Conn::bound_read`]).
@@ -163,6 +168,9 @@ const READ_TIMEOUT_STEPS: u32 = 8;
 const READ_CHUNK: usize = 256 * 1024;
 /// Bytes read from the socket per read call, at least.
 const MIN_READ: usize = 16 * 1024;
+/// Largest reply size a buffer is made ready for at once from a size hint
+/// (the hint comes from the peer: a bound on what it can make us reserve).
+const MAX_EXPECT: usize = 64 << 20;
 /// Arguments at least this long are sent from where they are (a vectored
 /// write), shorter ones are copied next to their headers.
 const BORROW_ARG: usize = 1024;
@@ -181,6 +189,7 @@ impl Conn {
             timeout,
             pending: Bytes::new(),
             room: MIN_READ,
+            expect: 0,
             read_timeout: None,
             write_timeout: None,
         };
@@ -292,7 +301,13 @@ impl Conn {
                 if let Some((reply, used)) = parsed {
                     // Pipelined replies that arrived together stay pending.
                     self.pending.advance(used);
+                    self.expect = 0;
                     return Ok(reply);
+                }
+                if self.expect == 0 {
+                    self.expect = protocol::reply_size_hint(&self.pending)
+                        .unwrap_or(0)
+                        .min(MAX_EXPECT);
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -357,7 +372,10 @@ impl Conn {
     /// held: as much as is pending (a large reply's buffer doubles, rather
     /// than growing by small steps), at least what the last reads asked.
     fn read_room(&self, pending: usize) -> usize {
-        pending.max(self.room).clamp(MIN_READ, READ_CHUNK)
+        let usual = pending.max(self.room).clamp(MIN_READ, READ_CHUNK);
+        // The rest of a reply of known size, in one buffer (read by calls
+        // of up to READ_CHUNK into it).
+        usual.max(self.expect.saturating_sub(pending))
     }
 
     fn io(&self, source: std::io::Error) -> ClientError {

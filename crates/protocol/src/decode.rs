@@ -68,6 +68,29 @@ pub fn decode_reply(buf: &Bytes) -> Result<Option<(Reply, usize)>, ReplyError> {
     }
 }
 
+/// A guess at how many bytes the reply starting at the front of `buf` (not
+/// yet whole) takes, for a reader sizing its buffer once instead of growing
+/// it read by read: exact for a bulk string, and for an array whose
+/// elements are bulk strings of the first one's length (a multi-get of
+/// equal-sized values). `None` when the front says too little (the caller
+/// grows its buffer as usual). Only a hint: the bytes come from the peer.
+pub fn reply_size_hint(buf: &[u8]) -> Option<usize> {
+    let mut pos = 0;
+    let head = line(buf, &mut pos).ok()??;
+    let (&tag, count) = head.split_first()?;
+    let count = usize::try_from(number(count).ok()?).ok()?;
+    let bulk = |len: usize| 1 + len.checked_ilog10().unwrap_or(0) as usize + 1 + 2 + len + 2;
+    match tag {
+        b'$' => pos.checked_add(count)?.checked_add(2),
+        b'*' => {
+            let first = line(buf, &mut pos).ok()??;
+            let len = usize::try_from(number(first.strip_prefix(b"$")?).ok()?).ok()?;
+            (head.len() + 2).checked_add(count.checked_mul(bulk(len))?)
+        }
+        _ => None,
+    }
+}
+
 fn bad(msg: impl Into<String>) -> ReplyError {
     ReplyError(msg.into())
 }
@@ -187,6 +210,37 @@ fn parse(buf: &Bytes, pos: &mut usize, depth: usize) -> Result<Option<Reply>, Re
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn size_hints_match_whole_replies_of_equal_values() {
+        let whole = b"*3\r\n$4\r\nabcd\r\n$4\r\nefgh\r\n$4\r\nijkl\r\n";
+        for cut in 9..whole.len() {
+            assert_eq!(
+                reply_size_hint(&whole[..cut]),
+                Some(whole.len()),
+                "cut {cut}"
+            );
+        }
+        let big = format!("*2\r\n$4096\r\n{}\r\n$4096\r\n", "x".repeat(4096));
+        assert_eq!(reply_size_hint(big.as_bytes()), Some(big.len() + 4096 + 2));
+        assert_eq!(reply_size_hint(b"$5\r\nhel"), Some(11));
+        assert_eq!(reply_size_hint(b"$0\r\n"), Some(6));
+        for partial in [
+            &b"*3\r\n"[..],
+            b"*3",
+            b"+OK\r\n",
+            b"*2\r\n$-1\r\n",
+            b"$-1\r\n",
+            b"*x\r\n$1\r\n",
+        ] {
+            assert_eq!(reply_size_hint(partial), None, "{partial:?}");
+        }
+        assert_eq!(
+            reply_size_hint(format!("*{}\r\n$9\r\n", usize::MAX).as_bytes()),
+            None
+        );
+    }
+
     use super::*;
     use crate::RespVersion;
 

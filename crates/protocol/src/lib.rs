@@ -14,8 +14,8 @@ pub mod versioned;
 mod wire;
 
 pub use decode::{
-    decode_reply, encode_request, ReplyError, RequestSink, MAX_REPLY_BULK, MAX_REPLY_DEPTH,
-    MAX_REPLY_ELEMENTS,
+    decode_reply, encode_request, reply_size_hint, ReplyError, RequestSink, MAX_REPLY_BULK,
+    MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS,
 };
 pub use error::ProtocolError;
 pub use parse::{Limits, RequestParser, ARG_OVERHEAD};
