@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use client::{Store, WriteOp};
 use parking_lot::{Mutex, MutexGuard};
 
@@ -22,6 +23,18 @@ use crate::volume::{chunk_key, Volume};
 
 /// Stripe locks for read-modify-write of chunks.
 const STRIPES: usize = 1024;
+
+/// Zeros that holes are read from (see [`push_zeros`]).
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Appends `n` zero bytes to `parts` as slices of [`ZEROS`].
+fn push_zeros(parts: &mut Vec<Bytes>, mut n: usize) {
+    while n > 0 {
+        let k = n.min(ZEROS.len());
+        parts.push(Bytes::from_static(&ZEROS[..k]));
+        n -= k;
+    }
+}
 
 /// One chunk's share of a byte range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +150,20 @@ impl Blocks {
     /// first. On error `into` may hold part of the data.
     pub fn read_many_into(&self, ranges: &[(u64, usize)], into: &mut [Vec<u8>]) -> Result<()> {
         assert_eq!(ranges.len(), into.len(), "one buffer per range");
+        for (buf, parts) in into.iter_mut().zip(self.read_many_parts(ranges)?) {
+            buf.reserve(parts.iter().map(Bytes::len).sum());
+            for part in parts {
+                buf.extend_from_slice(&part);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads several `(offset, len)` ranges with one multi-get for all their
+    /// chunks, each range as the pieces that make it up, in order: slices
+    /// of the values the store returned (no copy) and, for holes, slices
+    /// of a static block of zeros (no allocation).
+    pub fn read_many_parts(&self, ranges: &[(u64, usize)]) -> Result<Vec<Vec<Bytes>>> {
         let pieces: Vec<Vec<Piece>> = ranges.iter().map(|&(o, l)| self.pieces(o, l)).collect();
         let mut chunks: Vec<u64> = pieces.iter().flatten().map(|p| p.chunk).collect();
         chunks.sort_unstable();
@@ -144,26 +171,25 @@ impl Blocks {
         let keys: Vec<Vec<u8>> = chunks.iter().map(|&c| chunk_key(self.vol.id, c)).collect();
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         let values = self.store.mget(&refs)?;
-        for (buf, ps) in into.iter_mut().zip(&pieces) {
-            let start = buf.len();
-            buf.reserve(ps.iter().map(|p| p.len).sum());
-            // Pieces follow each other in the range, in order.
+        let mut out = Vec::with_capacity(ranges.len());
+        for ps in &pieces {
+            let mut parts = Vec::with_capacity(ps.len());
             for p in ps {
-                debug_assert_eq!(buf.len() - start, p.buf_at, "pieces are contiguous");
                 let value = chunks
                     .binary_search(&p.chunk)
                     .ok()
-                    .and_then(|i| values[i].as_deref());
+                    .and_then(|i| values[i].as_ref());
                 // A hole reads zeros; so does a short chunk past its end
                 // (never written so, but tolerated).
                 let have = value.map_or(0, |c| c.len().saturating_sub(p.at).min(p.len));
-                if let Some(c) = value {
-                    buf.extend_from_slice(&c[p.at..p.at + have]);
+                if let Some(c) = value.filter(|_| have > 0) {
+                    parts.push(c.slice(p.at..p.at + have));
                 }
-                buf.resize(buf.len() + p.len - have, 0);
+                push_zeros(&mut parts, p.len - have);
             }
+            out.push(parts);
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Writes `data` at `offset`; with `fua`, durable when it returns.
@@ -408,6 +434,27 @@ mod tests {
 
     /// Batches of overlapping writes and zeroings apply in order, and
     /// batched reads (sharing chunks) read what the oracle holds.
+    /// Holes longer than the static zeros come out as several slices of
+    /// them; data and holes keep their order.
+    #[test]
+    fn large_reads_are_pieces_of_values_and_zeros() {
+        let (_, b) = blocks(4 << 20, 256 << 10);
+        b.write((256 << 10) + 10, &[7u8; 100], false)
+            .expect("write");
+        let parts = b.read_many_parts(&[(0, 1 << 20)]).expect("read").remove(0);
+        // Three 256 KiB holes of four zero slices each, and one chunk.
+        assert_eq!(
+            parts.len(),
+            3 * 4 + 1,
+            "{:?}",
+            parts.iter().map(Bytes::len).collect::<Vec<_>>()
+        );
+        let joined: Vec<u8> = parts.iter().flat_map(|p| p.to_vec()).collect();
+        let mut want = vec![0u8; 1 << 20];
+        want[(256 << 10) + 10..(256 << 10) + 110].fill(7);
+        assert!(joined == want);
+    }
+
     #[test]
     fn batches_match_the_oracle() {
         let size = 256 << 10;

@@ -21,6 +21,7 @@ use std::io::{BufRead, IoSlice, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use client::Store;
 use parking_lot::Mutex;
 use socket2::Socket;
@@ -525,7 +526,7 @@ impl NbdServer {
                 tracing::error!("a request batch panicked; answering EIO");
                 batch
                     .iter()
-                    .map(|j| proto::simple_reply(errno::EIO, j.0.handle))
+                    .map(|j| whole(proto::simple_reply(errno::EIO, j.0.handle)))
                     .collect()
             });
             out.send(&replies);
@@ -538,23 +539,24 @@ impl NbdServer {
     /// one. Requests in flight together have no order among them (NBD), so
     /// this order is free to choose; it lets a FLUSH cover the batch's
     /// writes. Returns the encoded replies.
-    fn execute_batch(&self, s: &Session, batch: &[Job]) -> Vec<Vec<u8>> {
+    fn execute_batch(&self, s: &Session, batch: &[Job]) -> Vec<Reply> {
         let began = std::time::Instant::now();
-        let mut replies: Vec<Option<Vec<u8>>> = vec![None; batch.len()];
+        let mut replies: Vec<Option<Reply>> = vec![None; batch.len()];
         let mut ops: Vec<Option<Op<'_>>> = Vec::with_capacity(batch.len());
         for (i, (req, payload, _)) in batch.iter().enumerate() {
             self.stats.requests[stat_index(req.kind)].fetch_add(1, Ordering::Relaxed);
             match self.validate(s, req, payload) {
                 Ok(op) => ops.push(Some(op)),
                 Err(e) => {
-                    replies[i] = Some(self.error_reply(s, req, e));
+                    replies[i] = Some(whole(self.error_reply(s, req, e)));
                     ops.push(None);
                 }
             }
         }
-        let fail_all = |replies: &mut Vec<Option<Vec<u8>>>, idx: &[usize], e: &NbdError| {
+        let fail_all = |replies: &mut Vec<Option<Reply>>, idx: &[usize], e: &NbdError| {
             for &i in idx {
-                replies[i] = Some(self.error_reply(s, &batch[i].0, (e.errno(), e.to_string())));
+                let r = self.error_reply(s, &batch[i].0, (e.errno(), e.to_string()));
+                replies[i] = Some(whole(r));
             }
         };
         // Writes and zeroings.
@@ -598,9 +600,10 @@ impl NbdServer {
                 _ => None,
             };
             match done {
-                Some(None) => replies[i] = Some(proto::simple_reply(0, batch[i].0.handle)),
+                Some(None) => replies[i] = Some(whole(proto::simple_reply(0, batch[i].0.handle))),
                 Some(Some(e)) => {
-                    replies[i] = Some(self.error_reply(s, &batch[i].0, (e.errno(), e.to_string())))
+                    let r = self.error_reply(s, &batch[i].0, (e.errno(), e.to_string()));
+                    replies[i] = Some(whole(r));
                 }
                 None => {}
             }
@@ -617,19 +620,13 @@ impl NbdServer {
                     _ => None,
                 })
                 .collect();
-            // Each reply's header first; the data is appended after it.
-            let mut out: Vec<Vec<u8>> = read_idx
-                .iter()
-                .zip(&ranges)
-                .map(|(&i, &(_, len))| read_reply_head(s, &batch[i].0, len))
-                .collect();
-            match s.blocks.read_many_into(&ranges, &mut out) {
-                Ok(()) => {
-                    for (&i, reply) in read_idx.iter().zip(out) {
+            match s.blocks.read_many_parts(&ranges) {
+                Ok(parts) => {
+                    for ((&i, &(_, len)), data) in read_idx.iter().zip(&ranges).zip(parts) {
                         self.stats
                             .bytes_read
                             .fetch_add(batch[i].0.length.into(), Ordering::Relaxed);
-                        replies[i] = Some(reply);
+                        replies[i] = Some(read_reply(s, &batch[i].0, len, data));
                     }
                 }
                 Err(e) => fail_all(&mut replies, &read_idx, &e),
@@ -647,7 +644,9 @@ impl NbdServer {
                 Some(Op::Status(o, l, one)) => self.block_status(s, &batch[i].0, *o, *l, *one),
                 _ => continue,
             };
-            replies[i] = Some(r.unwrap_or_else(|e| self.error_reply(s, &batch[i].0, e)));
+            replies[i] = Some(whole(
+                r.unwrap_or_else(|e| self.error_reply(s, &batch[i].0, e)),
+            ));
         }
         let per = began.elapsed().as_micros() as u64 / batch.len().max(1) as u64;
         for (req, _, _) in batch {
@@ -657,7 +656,7 @@ impl NbdServer {
             .into_iter()
             .zip(batch)
             .map(|(r, (req, _, _))| {
-                r.unwrap_or_else(|| proto::simple_reply(errno::EIO, req.handle))
+                r.unwrap_or_else(|| whole(proto::simple_reply(errno::EIO, req.handle)))
             })
             .collect()
     }
@@ -822,12 +821,18 @@ impl Replies {
     /// Writes `replies` in one go (one system call while the socket takes
     /// them). A failed or timed-out write breaks the connection: both
     /// directions are shut, so the reader stops too.
-    fn send(&self, replies: &[Vec<u8>]) {
-        let mut slices: Vec<IoSlice<'_>> = replies.iter().map(|r| IoSlice::new(r)).collect();
+    fn send(&self, replies: &[Reply]) {
+        let mut slices: Vec<IoSlice<'_>> = replies
+            .iter()
+            .flatten()
+            .map(|part| IoSlice::new(part))
+            .collect();
         let mut bufs = &mut slices[..];
         let sock = self.sock.lock();
         while !bufs.is_empty() && !self.broken.load(Ordering::Acquire) {
-            match sock.send_vectored(bufs) {
+            // The kernel takes at most IOV_MAX pieces per call.
+            let n = bufs.len().min(MAX_IOV);
+            match sock.send_vectored(&bufs[..n]) {
                 Ok(0) => self.break_off(&sock, "the client stopped taking replies".into()),
                 Ok(n) => IoSlice::advance_slices(&mut bufs, n),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -862,6 +867,11 @@ impl Drop for InFlight {
 /// A batch stops gathering requests once it holds this many bytes (read
 /// or written).
 const MAX_BATCH_BYTES: usize = 1 << 20;
+/// READs of at least this many bytes are answered from the values as they
+/// are (see [`read_reply`]).
+const BORROW_READ: usize = 64 << 10;
+/// Pieces one vectored write takes at most (Linux's IOV_MAX).
+const MAX_IOV: usize = 1024;
 /// Requests the reader hands over together at most (see
 /// [`NbdServer::transmission`]).
 const MAX_GROUP: usize = 16;
@@ -946,13 +956,20 @@ fn read_payload(rd: &mut std::io::BufReader<&Socket>, len: usize) -> std::io::Re
     Ok(p)
 }
 
-/// The header of a successful READ reply of `len` bytes in the session's
-/// style, with room for the data to be appended.
-fn read_reply_head(s: &Session, req: &Request, len: usize) -> Vec<u8> {
-    let mut r = if !s.structured {
+/// A successful READ reply of `len` bytes, whose data is `data` (pieces in
+/// order), in the session's style. A large read goes out as its header and
+/// the pieces as they are (no copy); a small one is joined into one buffer,
+/// which costs less than a vectored write of a few small pieces.
+fn read_reply(s: &Session, req: &Request, len: usize, data: Vec<Bytes>) -> Reply {
+    let mut head = if !s.structured {
         proto::simple_reply(0, req.handle)
     } else if len == 0 {
-        return proto::chunk_header(chunk::FLAG_DONE, chunk::NONE, req.handle, 0);
+        return whole(proto::chunk_header(
+            chunk::FLAG_DONE,
+            chunk::NONE,
+            req.handle,
+            0,
+        ));
     } else {
         let mut r = proto::chunk_header(
             chunk::FLAG_DONE,
@@ -963,8 +980,25 @@ fn read_reply_head(s: &Session, req: &Request, len: usize) -> Vec<u8> {
         r.extend_from_slice(&req.offset.to_be_bytes());
         r
     };
-    r.reserve_exact(len);
-    r
+    if len < BORROW_READ {
+        head.reserve_exact(len);
+        for part in &data {
+            head.extend_from_slice(part);
+        }
+        return whole(head);
+    }
+    let mut parts = Vec::with_capacity(1 + data.len());
+    parts.push(Bytes::from(head));
+    parts.extend(data);
+    parts
+}
+
+/// One encoded reply, in pieces written back to back (see [`read_reply`]).
+type Reply = Vec<Bytes>;
+
+/// A reply held in one buffer.
+fn whole(bytes: Vec<u8>) -> Reply {
+    vec![Bytes::from(bytes)]
 }
 
 /// Runs a call that may block (the cluster client) on tokio's blocking
@@ -1121,5 +1155,40 @@ impl NbdServer {
                 let _ = s.shutdown().await;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A batch of replies with more pieces than one vectored write takes
+    /// (IOV_MAX) arrives whole and in order.
+    #[test]
+    fn replies_of_many_pieces_arrive_whole() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        let replies: Vec<Reply> = (0..3)
+            .map(|r| {
+                (0..1000u32)
+                    .map(|i| Bytes::from(format!("{r}:{i};").into_bytes()))
+                    .collect()
+            })
+            .collect();
+        let want: Vec<u8> = replies.iter().flatten().flat_map(|p| p.to_vec()).collect();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut b = b;
+            b.read_to_end(&mut got).expect("read");
+            got
+        });
+        let out = Replies {
+            sock: Mutex::new(Socket::from(std::os::fd::OwnedFd::from(a))),
+            broken: std::sync::atomic::AtomicBool::new(false),
+        };
+        out.send(&replies);
+        assert!(!out.broken.load(Ordering::Acquire));
+        drop(out);
+        assert_eq!(reader.join().expect("reader"), want);
     }
 }
