@@ -173,7 +173,7 @@ unsafe fn run(ring: &mut IoUring, reqs: &[Target]) -> io::Result<()> {
             };
             let t = &reqs[i];
             let len = u32::try_from(t.len - done[i]).unwrap_or(u32::MAX);
-            // SAFETY: `done[i] < t.len`, so this stays inside the target.
+            // SAFETY: `done[i] <= t.len`, so this stays inside the target.
             let rest = unsafe { t.ptr.add(done[i]) };
             let sqe = opcode::Read::new(types::Fd(t.fd), rest, len)
                 .offset(t.offset + done[i] as u64)

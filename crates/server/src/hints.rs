@@ -92,8 +92,10 @@ pub struct HintState {
     /// Hints kept per target: counted from the store at start
     /// ([`count_stored`]), then raised by each hint [`hint`] creates and
     /// lowered by each one delivery deletes (the only two ways a hint key
-    /// comes or goes: clients cannot write reserved keys).
-    pending: Mutex<BTreeMap<String, u64>>,
+    /// comes or goes: clients cannot write reserved keys). Signed: a
+    /// delivery may delete a hint just written before its writer counted
+    /// it, and the two updates then meet at the right sum in either order.
+    pending: Mutex<BTreeMap<String, i64>>,
     /// The last delivery failure, per target (cleared by a success).
     pub last_error: Mutex<BTreeMap<String, String>>,
     wake: Mutex<bool>,
@@ -103,6 +105,10 @@ pub struct HintState {
 impl HintState {
     /// Counters for a store holding `pending` hints per target.
     pub fn with_pending(pending: BTreeMap<String, u64>) -> Self {
+        let pending = pending
+            .into_iter()
+            .map(|(t, n)| (t, i64::try_from(n).unwrap_or(i64::MAX)))
+            .collect();
         HintState {
             pending: Mutex::new(pending),
             ..HintState::default()
@@ -111,13 +117,28 @@ impl HintState {
 
     /// Hints kept per target, targets with none left out.
     pub fn pending(&self) -> BTreeMap<String, u64> {
-        self.pending.lock().clone()
+        self.pending
+            .lock()
+            .iter()
+            .filter_map(|(t, &n)| {
+                u64::try_from(n)
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .map(|n| (t.clone(), n))
+            })
+            .collect()
     }
 
-    /// Counts `n` hints created for `target`.
-    fn created(&self, target: &str, n: u64) {
-        if n > 0 {
-            *self.pending.lock().entry(target.to_string()).or_default() += n;
+    /// Adds `n` (negative: hints deleted) to the count of `target`.
+    fn count(&self, target: &str, n: i64) {
+        if n == 0 {
+            return;
+        }
+        let mut pending = self.pending.lock();
+        let left = pending.entry(target.to_string()).or_default();
+        *left = left.saturating_add(n);
+        if *left == 0 {
+            pending.remove(target);
         }
     }
 
@@ -140,14 +161,7 @@ impl HintState {
     pub fn delivered(&self, target: &str, n: u64) {
         self.delivered.fetch_add(n, Ordering::Relaxed);
         self.last_error.lock().remove(target);
-        let mut pending = self.pending.lock();
-        if let Some(left) = pending.get_mut(target) {
-            debug_assert!(*left >= n, "{target}: {n} hints deleted, {left} counted");
-            *left = left.saturating_sub(n);
-            if *left == 0 {
-                pending.remove(target);
-            }
-        }
+        self.count(target, -i64::try_from(n).unwrap_or(i64::MAX));
     }
 }
 
@@ -200,7 +214,7 @@ pub fn hint(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     let created = written.iter().zip(&new).filter(|(&w, &n)| w && n).count();
     state
         .hints
-        .created(&String::from_utf8_lossy(target), created as u64);
+        .count(&String::from_utf8_lossy(target), created as i64);
     state.hints.wake();
     Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
 }
@@ -208,6 +222,20 @@ pub fn hint(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_meet_whichever_update_comes_first() {
+        let h = HintState::with_pending(BTreeMap::from([("a:1".to_string(), 2)]));
+        // A delivery deletes a hint its writer has not counted yet.
+        h.delivered("b:2", 1);
+        assert!(!h.pending().contains_key("b:2"), "never shown below zero");
+        h.count("b:2", 1);
+        h.delivered("a:1", 1);
+        assert_eq!(h.pending(), BTreeMap::from([("a:1".to_string(), 1)]));
+        h.delivered("a:1", 1);
+        assert!(h.pending().is_empty());
+        assert_eq!(h.delivered.load(Ordering::Relaxed), 3);
+    }
 
     #[test]
     fn hint_keys_name_their_target_and_key() {
