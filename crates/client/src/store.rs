@@ -113,6 +113,8 @@ pub struct MemStore {
     pub syncs: AtomicU64,
     /// Calls to `range` (and `range_keys`) so far.
     pub ranges: AtomicU64,
+    /// Calls to `mget` (and `get`) so far.
+    pub mgets: AtomicU64,
 }
 
 impl MemStore {
@@ -134,6 +136,7 @@ impl MemStore {
 
 impl Store for MemStore {
     fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        self.mgets.fetch_add(1, Ordering::Relaxed);
         let map = self.map.lock();
         Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())
     }

@@ -353,6 +353,39 @@ impl FileSystem {
         Ok(inode)
     }
 
+    /// Inodes `inos`, in order (`None` for one that does not exist): those
+    /// the cache lacks in one multi-get (a listing's attributes for
+    /// READDIRPLUS, rather than a point read per entry).
+    pub fn inodes(&self, inos: &[u64]) -> Result<Vec<Option<Inode>>> {
+        let mut out: Vec<Option<Inode>> = {
+            let cache = self.cache.lock();
+            inos.iter()
+                .map(|&i| cache.get(i).map(|c| c.inode.clone()))
+                .collect()
+        };
+        let missing: Vec<usize> = (0..inos.len()).filter(|&i| out[i].is_none()).collect();
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let keys: Vec<Vec<u8>> = missing.iter().map(|&i| self.keys.inode(inos[i])).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        self.settle_keys(&refs)?;
+        let values = self.store.mget(&refs)?;
+        let mut cache = self.cache.lock();
+        for (&i, value) in missing.iter().zip(values) {
+            let Some(bytes) = value else { continue };
+            // A change that raced this read is newer: keep it.
+            if let Some(c) = cache.get(inos[i]) {
+                out[i] = Some(c.inode.clone());
+                continue;
+            }
+            let inode = Inode::decode(inos[i], &bytes)?;
+            cache.stored(inode.clone());
+            out[i] = Some(inode);
+        }
+        Ok(out)
+    }
+
     /// A fresh inode number (hold `ns`).
     pub(crate) fn alloc_ino(&self) -> Result<u64> {
         let mut inos = self.inos.lock();

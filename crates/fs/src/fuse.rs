@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -31,6 +31,9 @@ use crate::namespace::{Caller, NewNode, NAME_MAX};
 const TTL: Duration = Duration::from_secs(1);
 /// Largest read and write request (FUSE `max_pages` 256).
 const MAX_IO: u32 = 1 << 20;
+/// Entries READDIRPLUS looks up at a time (more than one reply holds: a
+/// kernel request of 4 KiB takes about 25 of them).
+const READDIRPLUS_WINDOW: usize = 128;
 
 /// A directory listing: (name, ino, type) per entry, `.` and `..` first.
 type Listing = Vec<(Vec<u8>, u64, FileType)>;
@@ -161,8 +164,10 @@ impl Filesystem for FuseFs {
         // The kernel may offer less; what it grants is fine.
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
-        let mut wanted =
-            fuser::InitFlags::FUSE_PARALLEL_DIROPS | fuser::InitFlags::FUSE_CACHE_SYMLINKS;
+        let mut wanted = fuser::InitFlags::FUSE_PARALLEL_DIROPS
+            | fuser::InitFlags::FUSE_CACHE_SYMLINKS
+            | fuser::InitFlags::FUSE_DO_READDIRPLUS
+            | fuser::InitFlags::FUSE_READDIRPLUS_AUTO;
         if self.writeback {
             wanted |= fuser::InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -450,6 +455,56 @@ impl Filesystem for FuseFs {
                 OsStr::from_bytes(name),
             ) {
                 break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// READDIR with each entry's attributes (the kernel then needs no
+    /// LOOKUP for them, as `ls -l` would otherwise send per name). Each
+    /// entry but `.` and `..` counts as a lookup, as for LOOKUP itself.
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let window: Vec<(usize, Vec<u8>, u64)> = {
+            let dirs = self.dirs.lock();
+            let Some(listing) = dirs.get(&fh.0) else {
+                return reply.error(Errno::EBADF);
+            };
+            listing
+                .iter()
+                .enumerate()
+                .skip(offset as usize)
+                .take(READDIRPLUS_WINDOW)
+                .map(|(i, (name, child, _))| (i, name.clone(), *child))
+                .collect()
+        };
+        let inos: Vec<u64> = window.iter().map(|(_, _, child)| *child).collect();
+        let inodes = match self.fs.inodes(&inos) {
+            Ok(v) => v,
+            Err(e) => return reply.error(errno("readdirplus", &e)),
+        };
+        for ((i, name, child), inode) in window.into_iter().zip(inodes) {
+            // An entry removed since the listing was taken is left out.
+            let Some(inode) = inode else { continue };
+            let attr = self.attr(&inode);
+            if reply.add(
+                INodeNo(child),
+                i as u64 + 1,
+                OsStr::from_bytes(&name),
+                &TTL,
+                &attr,
+                Generation(0),
+            ) {
+                break; // full: the kernel asks again from this entry
+            }
+            if name != b"." && name != b".." {
+                self.fs.pin(child, 1);
             }
         }
         reply.ok();

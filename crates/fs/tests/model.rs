@@ -191,6 +191,41 @@ fn whole_directories_list_from_the_cache() {
     assert_eq!(ranges(), read, "listed whole once, then from the cache");
 }
 
+/// A listing's inodes come from the cache, and those it lacks from one
+/// multi-get (READDIRPLUS), equal to what single lookups give; a name
+/// whose inode is gone comes back empty.
+#[test]
+fn a_listings_inodes_take_one_store_read() {
+    let (store, fs, rec) = new_fs(4096);
+    let inos: Vec<u64> = (0..50)
+        .map(|i| {
+            fs.make(ME, ROOT, format!("f{i}").as_bytes(), node(Kind::File))
+                .expect("file")
+                .ino
+        })
+        .collect();
+    fs.flush_all().expect("flush");
+    let mgets = || store.mgets.load(std::sync::atomic::Ordering::Relaxed);
+    let before = mgets();
+    let cached = fs.inodes(&inos).expect("inodes");
+    assert_eq!(mgets(), before, "all cached");
+    let other = FileSystem::open(store.clone(), &rec).expect("reopen");
+    let mut asked = inos.clone();
+    asked.push(u64::MAX - 1); // never made
+    let before = mgets();
+    let fetched = other.inodes(&asked).expect("inodes");
+    assert_eq!(mgets(), before + 1, "one multi-get for the whole window");
+    assert_eq!(fetched.last(), Some(&None));
+    for ((ino, a), b) in inos.iter().zip(&cached).zip(&fetched) {
+        let (a, b) = (a.as_ref().expect("cached"), b.as_ref().expect("fetched"));
+        assert_eq!(a.ino, *ino);
+        assert_eq!(a, b);
+    }
+    let before = mgets();
+    other.inodes(&inos).expect("inodes");
+    assert_eq!(mgets(), before, "now cached");
+}
+
 /// Writers on one file run at the same time, some on the same chunks,
 /// some growing the file: every byte ends as one of the writes left it,
 /// in the order each chunk's writes ran, and the size is the furthest end.
