@@ -621,26 +621,20 @@ fn hints_stay_out_of_the_user_key_space() {
         panic!("scan reply");
     };
     assert_eq!(scan[1], Resp::Array(vec![bulk(b"a"), bulk(after)]));
-    let Resp::Bulk(info) = call(&mut c, &[b"INFO", b"handoff"]) else {
-        panic!("info reply");
+    let hints_kept = |c: &mut BufReader<std::net::TcpStream>, when: &str| {
+        let Resp::Bulk(info) = call(c, &[b"INFO", b"handoff"]) else {
+            panic!("info reply");
+        };
+        let info = String::from_utf8_lossy(&info).to_string();
+        assert!(info.contains("hints_pending:3"), "{when}: {info}");
+        assert!(
+            info.contains("hints_targets:127.0.0.1:1=2,127.0.0.1:2=1"),
+            "{when}: {info}"
+        );
     };
-    let info = String::from_utf8_lossy(&info).to_string();
-    assert!(info.contains("hints_pending:3"), "{info}");
-    assert!(
-        info.contains("hints_targets:127.0.0.1:1=2,127.0.0.1:2=1"),
-        "{info}"
-    );
+    hints_kept(&mut c, "as written");
     drop(c);
     n.stop_cleanly(Duration::from_secs(10));
     let n = Node::start_in(tmp.path(), &["--hinted-handoff", "no"]).expect("node restarts");
-    let mut c = BufReader::new(n.connect());
-    let Resp::Bulk(info) = call(&mut c, &[b"INFO", b"handoff"]) else {
-        panic!("info reply");
-    };
-    let info = String::from_utf8_lossy(&info).to_string();
-    assert!(info.contains("hints_pending:3"), "after a restart: {info}");
-    assert!(
-        info.contains("hints_targets:127.0.0.1:1=2,127.0.0.1:2=1"),
-        "after a restart: {info}"
-    );
+    hints_kept(&mut BufReader::new(n.connect()), "after a restart");
 }
