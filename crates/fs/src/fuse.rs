@@ -490,8 +490,11 @@ impl Filesystem for FuseFs {
             Err(e) => return reply.error(errno("readdirplus", &e)),
         };
         for ((i, name, child), inode) in window.into_iter().zip(inodes) {
-            // An entry removed since the listing was taken is left out.
-            let Some(inode) = inode else { continue };
+            // An entry removed since the listing was taken is left out
+            // (an unlinked file still open keeps its inode, with no links).
+            let Some(inode) = inode.filter(|i| i.nlink > 0) else {
+                continue;
+            };
             let attr = self.attr(&inode);
             if reply.add(
                 INodeNo(child),
