@@ -138,25 +138,14 @@ impl Blocks {
     }
 
     /// Reads several `(offset, len)` ranges with one multi-get for all
-    /// their chunks (a chunk two ranges share is fetched once).
+    /// their chunks (a chunk two ranges share is fetched once), each range
+    /// joined into one buffer ([`Self::read_many_parts`] leaves it in pieces).
     pub fn read_many(&self, ranges: &[(u64, usize)]) -> Result<Vec<Vec<u8>>> {
-        let mut out: Vec<Vec<u8>> = ranges.iter().map(|&(_, l)| Vec::with_capacity(l)).collect();
-        self.read_many_into(ranges, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`Self::read_many`], appending range `i`'s bytes to `into[i]` (after
-    /// a reply header, say), so each byte is copied once and never zeroed
-    /// first. On error `into` may hold part of the data.
-    pub fn read_many_into(&self, ranges: &[(u64, usize)], into: &mut [Vec<u8>]) -> Result<()> {
-        assert_eq!(ranges.len(), into.len(), "one buffer per range");
-        for (buf, parts) in into.iter_mut().zip(self.read_many_parts(ranges)?) {
-            buf.reserve(parts.iter().map(Bytes::len).sum());
-            for part in parts {
-                buf.extend_from_slice(&part);
-            }
-        }
-        Ok(())
+        Ok(self
+            .read_many_parts(ranges)?
+            .into_iter()
+            .map(|parts| parts.concat())
+            .collect())
     }
 
     /// Reads several `(offset, len)` ranges with one multi-get for all their
