@@ -336,21 +336,10 @@ impl FileSystem {
         if let Some(c) = self.cache.lock().get(ino) {
             return Ok(c.inode.clone());
         }
-        let key = self.keys.inode(ino);
-        self.settle_keys(&[&key])?;
-        let Some(bytes) = self.store.get(&key)? else {
-            return posix(libc::ENOENT);
-        };
-        let inode = Inode::decode(ino, &bytes)?;
-        let mut cache = self.cache.lock();
-        // A change that raced this read is newer: keep it.
-        if let Some(c) = cache.get(ino) {
-            return Ok(c.inode.clone());
+        match self.inodes(&[ino])?.pop().flatten() {
+            Some(inode) => Ok(inode),
+            None => posix(libc::ENOENT),
         }
-        // Not knowing of a growth mark is safe: a write writes it again,
-        // and the next open drops data past the stored size anyway.
-        cache.stored(inode.clone());
-        Ok(inode)
     }
 
     /// Inodes `inos`, in order (`None` for one that does not exist): those
@@ -380,6 +369,8 @@ impl FileSystem {
                 continue;
             }
             let inode = Inode::decode(inos[i], &bytes)?;
+            // Not knowing of a growth mark is safe: a write writes it
+            // again, and the next open drops data past the stored size.
             cache.stored(inode.clone());
             out[i] = Some(inode);
         }
