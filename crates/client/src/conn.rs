@@ -171,6 +171,24 @@ const MIN_READ: usize = 16 * 1024;
 /// Largest reply size a buffer is made ready for at once from a size hint
 /// (the hint comes from the peer: a bound on what it can make us reserve).
 const MAX_EXPECT: usize = 64 << 20;
+/// Room to make for the next read when `pending` bytes of a reply are held,
+/// the last reads asked for `last` and the reply is expected to be
+/// `expect` bytes long (0: unknown).
+///
+/// A reply of known size gets exactly what it still lacks, so its buffer
+/// is allocated once and never regrown: making the usual room instead
+/// near the end of a large reply reallocated (and copied) the whole reply
+/// for its last few bytes. Past the hint (which guesses every element as
+/// long as the first) or without one, as much as is pending (a large
+/// reply's buffer doubles, rather than growing by small steps), at least
+/// what the last reads asked, within [`MIN_READ`]..=[`READ_CHUNK`].
+fn read_room(pending: usize, last: usize, expect: usize) -> usize {
+    if expect > pending {
+        return expect - pending;
+    }
+    pending.max(last).clamp(MIN_READ, READ_CHUNK)
+}
+
 /// Arguments at least this long are sent from where they are (a vectored
 /// write), shorter ones are copied next to their headers.
 const BORROW_ARG: usize = 1024;
@@ -369,13 +387,9 @@ impl Conn {
     }
 
     /// Room to make for the next read when `pending` bytes of a reply are
-    /// held: as much as is pending (a large reply's buffer doubles, rather
-    /// than growing by small steps), at least what the last reads asked.
+    /// held (see [`read_room`]).
     fn read_room(&self, pending: usize) -> usize {
-        let usual = pending.max(self.room).clamp(MIN_READ, READ_CHUNK);
-        // The rest of a reply of known size, in one buffer (read by calls
-        // of up to READ_CHUNK into it).
-        usual.max(self.expect.saturating_sub(pending))
+        read_room(pending, self.room, self.expect)
     }
 
     fn io(&self, source: std::io::Error) -> ClientError {
@@ -425,6 +439,21 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
         dir
+    }
+
+    #[test]
+    fn a_reply_of_known_size_gets_its_buffer_once() {
+        // An MGET of 64 values of 16,394 bytes: 1,049,861 bytes in all.
+        let expect = 5 + 64 * (1 + 5 + 2 + 16_394 + 2);
+        // After the first read, room for the whole rest at once ...
+        assert_eq!(read_room(MIN_READ, MIN_READ, expect), expect - MIN_READ);
+        // ... and near its end only what is missing, however small, where
+        // the usual room would regrow (and copy) the whole reply.
+        assert_eq!(read_room(1 << 20, READ_CHUNK, expect), expect - (1 << 20));
+        // Past a hint that guessed short, or without one, the usual room.
+        assert_eq!(read_room(expect + 10, READ_CHUNK, expect), READ_CHUNK);
+        assert_eq!(read_room(100, MIN_READ, 0), MIN_READ);
+        assert_eq!(read_room(100_000, MIN_READ, 0), 100_000);
     }
 
     #[test]
