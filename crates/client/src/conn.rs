@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use protocol::{decode_reply, encode_request, Reply, RequestSink};
+use protocol::{decode_reply, encode_request, Reply, ReplyError, ReplyScan, RequestSink};
 
 use crate::error::{ClientError, Result};
 
@@ -151,6 +151,8 @@ pub struct Conn {
     /// buffer once rather than regrown (and copied) read by read; 0 when
     /// no reply is in progress or its size is unknown.
     expect: usize,
+    /// How far the reply being received is known to be whole.
+    scan: ReplyScan,
     /// The socket's read and write timeouts as last set (`None`: not set
     /// yet). Each change is a system call, so they change only when they
     /// must (see [`Conn::bound_read`]).
@@ -208,6 +210,7 @@ impl Conn {
             pending: Bytes::new(),
             room: MIN_READ,
             expect: 0,
+            scan: ReplyScan::new(),
             read_timeout: None,
             write_timeout: None,
         };
@@ -311,15 +314,25 @@ impl Conn {
     fn read_reply(&mut self, deadline: Instant) -> Result<Reply> {
         loop {
             if !self.pending.is_empty() {
-                let parsed =
-                    decode_reply(&self.pending).map_err(|source| ClientError::Protocol {
-                        node: self.node.clone(),
-                        source,
-                    })?;
-                if let Some((reply, used)) = parsed {
+                // Decoded once it is whole (the scan looks at each read's
+                // bytes once; decoding walks all of them).
+                let protocol = |source| ClientError::Protocol {
+                    node: self.node.clone(),
+                    source,
+                };
+                if self
+                    .scan
+                    .advance(&self.pending)
+                    .map_err(protocol)?
+                    .is_some()
+                {
+                    let Some((reply, used)) = decode_reply(&self.pending).map_err(protocol)? else {
+                        return Err(protocol(ReplyError("a whole reply did not decode".into())));
+                    };
                     // Pipelined replies that arrived together stay pending.
                     self.pending.advance(used);
                     self.expect = 0;
+                    self.scan = ReplyScan::new();
                     return Ok(reply);
                 }
                 if self.expect == 0 {

@@ -91,12 +91,12 @@ pub fn reply_size_hint(buf: &[u8]) -> Option<usize> {
     }
 }
 
-fn bad(msg: impl Into<String>) -> ReplyError {
+pub(crate) fn bad(msg: impl Into<String>) -> ReplyError {
     ReplyError(msg.into())
 }
 
 /// The line starting at `*pos` (without CRLF), advancing past it.
-fn line<'a>(buf: &'a [u8], pos: &mut usize) -> Result<Option<&'a [u8]>, ReplyError> {
+pub(crate) fn line<'a>(buf: &'a [u8], pos: &mut usize) -> Result<Option<&'a [u8]>, ReplyError> {
     let rest = &buf[*pos..];
     match rest.windows(2).position(|w| w == b"\r\n") {
         Some(i) => {
@@ -113,6 +113,53 @@ fn number(text: &[u8]) -> Result<i64, ReplyError> {
         .ok()
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| bad(format!("bad number {:?}", String::from_utf8_lossy(text))))
+}
+
+/// The length of a bulk-like reply (`$`, `=`, `!`) from its header line:
+/// `None` for RESP2's null bulk (`$-1`).
+pub(crate) fn bulk_len(tag: u8, head: &[u8]) -> Result<Option<usize>, ReplyError> {
+    let n = number(head)?;
+    if n == -1 && tag == b'$' {
+        return Ok(None);
+    }
+    let n = usize::try_from(n).map_err(|_| bad("negative bulk length"))?;
+    if n > MAX_REPLY_BULK {
+        return Err(bad(format!("bulk of {n} bytes is over the limit")));
+    }
+    Ok(Some(n))
+}
+
+/// The elements of an aggregate reply (`*`, `~`, `>`, `%`; a map's pairs
+/// count twice) from its header line: `None` for RESP2's null array
+/// (`*-1`).
+pub(crate) fn aggregate_items(tag: u8, head: &[u8]) -> Result<Option<usize>, ReplyError> {
+    let n = number(head)?;
+    if n == -1 && tag == b'*' {
+        return Ok(None);
+    }
+    let n = usize::try_from(n).map_err(|_| bad("negative aggregate length"))?;
+    let items = if tag == b'%' { n.saturating_mul(2) } else { n };
+    if items > MAX_REPLY_ELEMENTS {
+        return Err(bad(format!(
+            "aggregate of {items} elements is over the limit"
+        )));
+    }
+    Ok(Some(items))
+}
+
+/// Whether `tag` starts a reply of one line (its header is all of it).
+pub(crate) fn is_simple(tag: u8) -> bool {
+    matches!(tag, b'+' | b'-' | b':' | b'(' | b',' | b'#' | b'_')
+}
+
+/// Whether `tag` starts an aggregate reply.
+pub(crate) fn is_aggregate(tag: u8) -> bool {
+    matches!(tag, b'*' | b'~' | b'>' | b'%')
+}
+
+/// Whether `tag` starts a bulk-like reply.
+pub(crate) fn is_bulk(tag: u8) -> bool {
+    matches!(tag, b'$' | b'=' | b'!')
 }
 
 fn text(t: &[u8]) -> String {
@@ -146,14 +193,9 @@ fn parse(buf: &Bytes, pos: &mut usize, depth: usize) -> Result<Option<Reply>, Re
         b'#' => Reply::Integer(i64::from(head == b"t")),
         b'_' => Reply::Null,
         b'$' | b'=' | b'!' => {
-            let n = number(head)?;
-            if n == -1 && tag == b'$' {
+            let Some(n) = bulk_len(tag, head)? else {
                 return Ok(Some(Reply::Null));
-            }
-            let n = usize::try_from(n).map_err(|_| bad("negative bulk length"))?;
-            if n > MAX_REPLY_BULK {
-                return Err(bad(format!("bulk of {n} bytes is over the limit")));
-            }
+            };
             if buf.len() < *pos + n + 2 {
                 *pos = start;
                 return Ok(None);
@@ -171,17 +213,9 @@ fn parse(buf: &Bytes, pos: &mut usize, depth: usize) -> Result<Option<Reply>, Re
             }
         }
         b'*' | b'~' | b'>' | b'%' => {
-            let n = number(head)?;
-            if n == -1 && tag == b'*' {
+            let Some(items) = aggregate_items(tag, head)? else {
                 return Ok(Some(Reply::NullArray));
-            }
-            let n = usize::try_from(n).map_err(|_| bad("negative aggregate length"))?;
-            let items = if tag == b'%' { n.saturating_mul(2) } else { n };
-            if items > MAX_REPLY_ELEMENTS {
-                return Err(bad(format!(
-                    "aggregate of {items} elements is over the limit"
-                )));
-            }
+            };
             let mut out = Vec::with_capacity(items.min(1024));
             for _ in 0..items {
                 match parse(buf, pos, depth + 1)? {
@@ -193,7 +227,7 @@ fn parse(buf: &Bytes, pos: &mut usize, depth: usize) -> Result<Option<Reply>, Re
                 }
             }
             if tag == b'%' {
-                let mut pairs = Vec::with_capacity(n);
+                let mut pairs = Vec::with_capacity(items / 2);
                 let mut it = out.into_iter();
                 while let (Some(k), Some(v)) = (it.next(), it.next()) {
                     pairs.push((k, v));

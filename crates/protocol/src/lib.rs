@@ -10,6 +10,7 @@ mod decode;
 mod error;
 mod parse;
 mod reply;
+mod scan;
 pub mod versioned;
 mod wire;
 
@@ -20,4 +21,5 @@ pub use decode::{
 pub use error::ProtocolError;
 pub use parse::{Limits, RequestParser, ARG_OVERHEAD};
 pub use reply::{Reply, RespVersion, Sink};
+pub use scan::ReplyScan;
 pub use wire::Wire;
