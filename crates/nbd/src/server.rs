@@ -2,11 +2,10 @@
 //! and Unix sockets, every volume of the cluster an export by name.
 //!
 //! The handshake runs on the async runtime; then each connection gets its
-//! own blocking threads, since the cluster client blocks: a reader that
-//! queues requests (those read in one read call together, at most
-//! [`MAX_IN_FLIGHT`] such groups waiting) and [`BATCHERS`] batchers that
-//! run what has queued in batches and write each batch's replies
-//! themselves, out of order.
+//! own blocking threads, since the cluster client blocks: [`THREADS`]
+//! threads that take turns reading the requests that have arrived and
+//! running them as one batch, each writing its batch's replies itself, out
+//! of order (see [`NbdServer::transmission`]).
 //!
 //! `CAN_MULTI_CONN` is advertised because it holds: every connection to an
 //! export in this process shares one [`Blocks`] (so one set of chunk locks)
@@ -32,10 +31,9 @@ use crate::error::{errno, NbdError, Result};
 use crate::proto::{self, cflag, chunk, cmd, opt, rep, tflag, Request, REQUEST_LEN};
 use crate::volume;
 
-/// Groups of requests of one connection waiting for a batcher, at most;
-/// the reader stops reading while that many wait. A batch gathers groups
-/// while it holds fewer requests than this.
-pub const MAX_IN_FLIGHT: usize = 64;
+/// Requests of one connection run as one batch, at most (see
+/// [`NbdServer::read_batch`]).
+pub const MAX_BATCH_REQUESTS: usize = 64;
 /// Largest READ or WRITE payload (the protocol's interoperable maximum).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
 /// Largest option a client may send (export names and queries are short).
@@ -401,118 +399,63 @@ impl NbdServer {
     }
 
     /// Serves requests until DISC, a broken stream or a protocol violation,
-    /// on blocking threads (the cluster client blocks): this one reads
-    /// requests and queues them; the connection's [`BATCHERS`] batchers run
-    /// whatever has queued up together (see [`Self::batch_loop`]) and write
-    /// its replies themselves, out of order. A request costs one hand-off
-    /// (reader to batcher) and the batch's replies one write.
+    /// on [`THREADS`] blocking threads (the cluster client blocks) that take
+    /// turns as leader and follower: the leader reads the requests that have
+    /// arrived (see [`Self::read_batch`]), hands the socket's read side to
+    /// the next thread, runs them as one batch ([`Self::execute_batch`]) and
+    /// writes their replies itself, out of order, then waits for its next
+    /// turn. A request so reaches the thread that runs it without a hand-off
+    /// (a reader thread queueing requests for batchers cost a wake-up on
+    /// every request's path, which on a virtual machine's idle CPU takes as
+    /// long as a device read); the next leader's wake-up happens while this
+    /// batch runs. While every thread runs a batch, nothing is read: requests
+    /// wait in the socket, the client is held back, and the next leader
+    /// takes all of them.
     fn transmission(self: &Arc<Self>, sock: &Socket, session: Session) -> Result<()> {
-        let session = Arc::new(session);
         // A client that reads no reply for this long is disconnected, so
-        // that it cannot hold the batchers (and its requests' memory).
+        // that it cannot hold the threads (and its requests' memory).
         sock.set_write_timeout(Some(REPLY_TIMEOUT))?;
-        let out = Arc::new(Replies {
+        let out = Replies {
             sock: Mutex::new(sock.try_clone()?),
             broken: std::sync::atomic::AtomicBool::new(false),
-        });
-        // At most MAX_IN_FLIGHT groups of requests (each at most MAX_GROUP
-        // requests or about MAX_BATCH_BYTES) wait for a batcher; then the
-        // reader stops reading, so a client that does not read its
-        // replies stops being read too.
-        let (jobs, queued) = crossbeam_channel::bounded::<Vec<Job>>(MAX_IN_FLIGHT);
-        let mut batchers = Vec::with_capacity(BATCHERS);
-        for _ in 0..BATCHERS {
-            let (session, queued, out) = (session.clone(), queued.clone(), out.clone());
-            let this = self.clone();
-            batchers.push(
-                std::thread::Builder::new()
-                    .name("ls-nbd-batch".into())
-                    .spawn(move || this.batch_loop(&session, queued, &out))?,
-            );
-        }
-        let mut rd = std::io::BufReader::with_capacity(READ_BUFFER, sock);
-        // Requests read together are handed to the batchers together: one
-        // wake-up per read call instead of one per request, and batches
-        // as large as what the client sent at once.
-        let mut group: Vec<Job> = Vec::new();
-        let mut group_bytes = 0usize;
-        let outcome = loop {
-            let mut header = [0u8; REQUEST_LEN];
-            match rd.read_exact(&mut header) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
-                Err(e) => break Err(e.into()),
-            }
-            let Some(req) = Request::parse(&header) else {
-                break Err(NbdError::Protocol("bad request magic".into()));
-            };
-            if req.kind == cmd::DISC {
-                break Ok(());
-            }
-            if req.kind == cmd::WRITE && req.length > MAX_PAYLOAD {
-                break Err(NbdError::Protocol(format!("WRITE of {} bytes", req.length)));
-            }
-            let payload = if req.kind == cmd::WRITE {
-                match read_payload(&mut rd, req.length as usize) {
-                    Ok(p) => p,
-                    Err(e) => break Err(e.into()),
-                }
-            } else {
-                Vec::new()
-            };
-            if out.broken.load(Ordering::Acquire) {
-                break Ok(());
-            }
-            let slot = InFlight::new(&self.in_flight);
-            let job = (req, payload, slot);
-            group_bytes += job_bytes(&job);
-            group.push(job);
-            let more_read = rd.buffer().len() >= REQUEST_LEN;
-            if more_read && group.len() < MAX_GROUP && group_bytes < MAX_BATCH_BYTES {
-                continue;
-            }
-            group_bytes = 0;
-            if jobs.send(std::mem::take(&mut group)).is_err() {
-                break Ok(());
-            }
         };
-        // DISC, end of stream, shutdown or a broken reply stream: the
-        // batchers finish what is queued (the last group too), then the
-        // connection closes.
-        if !group.is_empty() {
-            let _ = jobs.send(group);
-        }
-        drop(jobs);
-        for b in batchers {
-            let _ = b.join();
-        }
+        let intake = Mutex::new(Intake {
+            rd: std::io::BufReader::with_capacity(READ_BUFFER, sock),
+            ended: None,
+        });
+        std::thread::scope(|scope| {
+            let (s, out, intake) = (&session, &out, &intake);
+            for _ in 1..THREADS {
+                let spawned = std::thread::Builder::new()
+                    .name("ls-nbd-conn".into())
+                    .spawn_scoped(scope, move || self.take_turns(s, intake, out));
+                if let Err(e) = spawned {
+                    intake.lock().ended.get_or_insert(Err(e.into()));
+                }
+            }
+            self.take_turns(s, intake, out);
+        });
+        // Every thread has returned, so the stream has ended.
         let _ = out.sock.lock().shutdown(std::net::Shutdown::Both);
-        outcome
+        intake.into_inner().ended.unwrap_or(Ok(()))
     }
 
-    /// One of the connection's [`BATCHERS`] batchers: takes the first queued
-    /// request, then others already queued while the batch holds less than
-    /// [`MAX_BATCH_BYTES`], runs them as one batch and writes the replies.
-    /// Under load a batch holds many small requests, so many reads become
-    /// one multi-get and many writes one cluster write (the cluster round
-    /// trips per request drop with the depth), while large requests keep
-    /// the batchers working in parallel.
-    fn batch_loop(
-        &self,
-        s: &Session,
-        queued: crossbeam_channel::Receiver<Vec<Job>>,
-        out: &Replies,
-    ) {
-        while let Ok(mut batch) = queued.recv() {
-            let mut bytes: usize = batch.iter().map(job_bytes).sum();
-            while batch.len() < MAX_IN_FLIGHT && bytes < MAX_BATCH_BYTES {
-                match queued.try_recv() {
-                    Ok(group) => {
-                        bytes += group.iter().map(job_bytes).sum::<usize>();
-                        batch.extend(group);
-                    }
-                    Err(_) => break,
+    /// One of a connection's threads: leads (reads a batch, then runs it)
+    /// whenever its turn comes, until the stream has ended. A batch read
+    /// before the end is run and answered all the same.
+    fn take_turns(&self, s: &Session, intake: &Mutex<Intake<'_>>, out: &Replies) {
+        loop {
+            let batch = {
+                let mut intake = intake.lock();
+                if intake.ended.is_some() {
+                    return;
                 }
+                let (batch, end) = self.read_batch(&mut intake.rd, out);
+                intake.ended = end;
+                batch
+            };
+            if batch.is_empty() {
+                continue;
             }
             if out.broken.load(Ordering::Acquire) {
                 continue; // nobody to answer: drop the requests
@@ -531,6 +474,61 @@ impl NbdServer {
             });
             out.send(&replies);
         }
+    }
+
+    /// Reads the next batch: the first request (waiting for it), then those
+    /// already received behind it, while the batch holds fewer than
+    /// [`MAX_BATCH_REQUESTS`] requests and about [`MAX_BATCH_BYTES`]. Under
+    /// load a batch so holds many small requests, so many reads become one
+    /// multi-get and many writes one cluster write (the cluster round trips
+    /// per request drop with the depth), while large requests keep the
+    /// threads working in parallel. With the batch, the stream's outcome if
+    /// it ended (DISC, end of stream, shutdown, a broken reply stream, a
+    /// protocol violation).
+    fn read_batch(
+        &self,
+        rd: &mut std::io::BufReader<&Socket>,
+        out: &Replies,
+    ) -> (Vec<Job>, Option<Result<()>>) {
+        let mut batch: Vec<Job> = Vec::new();
+        let mut bytes = 0usize;
+        let end = loop {
+            let mut header = [0u8; REQUEST_LEN];
+            match rd.read_exact(&mut header) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Some(Ok(())),
+                Err(e) => break Some(Err(e.into())),
+            }
+            let Some(req) = Request::parse(&header) else {
+                break Some(Err(NbdError::Protocol("bad request magic".into())));
+            };
+            if req.kind == cmd::DISC {
+                break Some(Ok(()));
+            }
+            if req.kind == cmd::WRITE && req.length > MAX_PAYLOAD {
+                let e = NbdError::Protocol(format!("WRITE of {} bytes", req.length));
+                break Some(Err(e));
+            }
+            let payload = if req.kind == cmd::WRITE {
+                match read_payload(rd, req.length as usize) {
+                    Ok(p) => p,
+                    Err(e) => break Some(Err(e.into())),
+                }
+            } else {
+                Vec::new()
+            };
+            if out.broken.load(Ordering::Acquire) {
+                break Some(Ok(()));
+            }
+            let job = (req, payload, InFlight::new(&self.in_flight));
+            bytes += job_bytes(&job);
+            batch.push(job);
+            let more_read = rd.buffer().len() >= REQUEST_LEN;
+            if !more_read || batch.len() >= MAX_BATCH_REQUESTS || bytes >= MAX_BATCH_BYTES {
+                break None;
+            }
+        };
+        (batch, end)
     }
 
     /// Runs a batch: writes and zeroings together (one [`Blocks::apply_many`]),
@@ -805,6 +803,13 @@ impl NbdServer {
 /// count in the server's requests in flight.
 type Job = (Request, Vec<u8>, InFlight);
 
+/// A connection's read side, taken by one thread at a time (the leader).
+struct Intake<'s> {
+    rd: std::io::BufReader<&'s Socket>,
+    /// How the stream ended, once it has: no request is read after that.
+    ended: Option<Result<()>>,
+}
+
 /// The bytes a request moves: its payload, or what it reads.
 fn job_bytes((req, payload, _): &Job) -> usize {
     payload.len().max(req.length as usize)
@@ -872,12 +877,9 @@ const MAX_BATCH_BYTES: usize = 1 << 20;
 const BORROW_READ: usize = 64 << 10;
 /// Pieces one vectored write takes at most (Linux's IOV_MAX).
 const MAX_IOV: usize = 1024;
-/// Requests the reader hands over together at most (see
-/// [`NbdServer::transmission`]).
-const MAX_GROUP: usize = 16;
-/// Batchers per connection.
-const BATCHERS: usize = 4;
-/// Bytes the reader takes from the socket per read call, at most (many
+/// Threads per connection (see [`NbdServer::transmission`]).
+const THREADS: usize = 4;
+/// Bytes the leader takes from the socket per read call, at most (many
 /// small requests arrive in one).
 const READ_BUFFER: usize = 256 << 10;
 /// A client that takes no reply bytes for this long is disconnected.
