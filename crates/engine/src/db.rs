@@ -22,7 +22,7 @@ use crate::options::{Durability, Options};
 use crate::record::{FLAG_RELOCATED, KIND_DELETE, KIND_PUT};
 use crate::stats::{Counters, Stats};
 use crate::types::{Entry, Kind, SeqNo, ValueBytes, ValuePtr};
-use crate::version::{ReadCtx, Version};
+use crate::version::{Finger, ReadCtx, Version};
 use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 
 /// Sealed log chunks allowed to wait for the write-behind thread before
@@ -803,6 +803,18 @@ impl DbInner {
         key: &[u8],
         seq: SeqNo,
     ) -> Result<Option<Entry>> {
+        self.lookup_near(sv, key, seq, &mut Finger::default())
+    }
+
+    /// [`Self::lookup_in`] from where `finger` says the last lookup in
+    /// `sv`'s levels was found (see [`Finger`]).
+    pub(crate) fn lookup_near(
+        &self,
+        sv: &SuperVersion,
+        key: &[u8],
+        seq: SeqNo,
+        finger: &mut Finger,
+    ) -> Result<Option<Entry>> {
         if let Some(e) = sv.mem.get(key, seq) {
             return Ok(Some(e));
         }
@@ -811,7 +823,7 @@ impl DbInner {
                 return Ok(Some(e));
             }
         }
-        sv.version.get(key, seq, &self.ctx)
+        sv.version.get_near(key, seq, &self.ctx, finger)
     }
 
     /// Whether a value read that failed should start over from the lookup:
@@ -869,12 +881,13 @@ impl DbInner {
             let (sv, seq) = self.read_view(at);
             let mut found = Vec::new(); // (key index, entry)
             let mut ends = Vec::with_capacity(group_lens.len()); // answered up to
+            let mut finger = Finger::default();
             let mut first = 0;
             for &len in group_lens {
                 let mut used = 0usize;
                 let mut end = first;
                 while end < first + len {
-                    if let Some(e) = self.lookup_in(&sv, keys[end], seq)? {
+                    if let Some(e) = self.lookup_near(&sv, keys[end], seq, &mut finger)? {
                         if e.kind == Kind::Put {
                             let size = e.ptr.len as usize;
                             if used > 0 && used.saturating_add(size) > max_bytes {

@@ -19,7 +19,7 @@ use crate::db::{Db, DbInner, SuperVersion};
 use crate::error::Result;
 use crate::stats::Counters;
 use crate::types::{Kind, SeqNo};
-use crate::version::{Probe, Source};
+use crate::version::{Finger, Probe, Source};
 use crate::vlog::{PendingValue, ValueLog, ValueStart};
 
 /// How a GET proceeds without waiting (see [`Db::try_get`]).
@@ -76,8 +76,9 @@ impl DbInner {
     fn try_get_many(&self, keys: &[&[u8]]) -> Result<Vec<GetStart>> {
         let (sv, seq) = self.read_view(None);
         let mut out = Vec::with_capacity(keys.len());
+        let mut finger = Finger::default();
         for key in keys {
-            let entry = match probe_in(self, &sv, key, seq)? {
+            let entry = match probe_in(self, &sv, key, seq, &mut finger)? {
                 Probe::Found(entry) => entry,
                 Probe::NeedsRead => {
                     out.push(GetStart::Blocking);
@@ -105,7 +106,13 @@ impl DbInner {
 }
 
 /// The newest entry for `key` at or below `seq` in `sv`, from DRAM only.
-fn probe_in(db: &DbInner, sv: &SuperVersion, key: &[u8], seq: SeqNo) -> Result<Probe> {
+fn probe_in(
+    db: &DbInner,
+    sv: &SuperVersion,
+    key: &[u8],
+    seq: SeqNo,
+    finger: &mut Finger,
+) -> Result<Probe> {
     let in_memtables = sv
         .mem
         .get(key, seq)
@@ -113,7 +120,8 @@ fn probe_in(db: &DbInner, sv: &SuperVersion, key: &[u8], seq: SeqNo) -> Result<P
     if let Some(e) = in_memtables {
         return Ok(Probe::Found(Some(e)));
     }
-    sv.version.probe(key, seq, &db.ctx, Source::CacheOnly)
+    sv.version
+        .probe_near(key, seq, &db.ctx, Source::CacheOnly, finger)
 }
 
 #[cfg(test)]

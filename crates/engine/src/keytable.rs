@@ -57,7 +57,9 @@ fn read_u64(b: &[u8], at: usize) -> Option<u64> {
 /// A decoded, checksum-verified data block.
 #[derive(Debug)]
 pub struct Block {
-    data: Vec<u8>,
+    /// The block's bytes; an [`Entry`] taken from it shares them for its
+    /// key (a lookup allocated and copied each key it found).
+    data: Bytes,
     count: usize,
     offsets_at: usize,
 }
@@ -83,7 +85,7 @@ impl Block {
             });
         }
         let block = Block {
-            data,
+            data: Bytes::from(data),
             count,
             offsets_at: BLOCK_HEADER + data_len,
         };
@@ -155,7 +157,7 @@ impl Block {
             Tagging::Unknown
         };
         Entry {
-            key: Bytes::copy_from_slice(&self.data[off + 2..p]),
+            key: self.data.slice(off + 2..p),
             seq: self.seq(i),
             kind,
             ptr: ValuePtr::decode(&self.data[p + 9..tag_at]).unwrap_or_default(),
@@ -165,7 +167,39 @@ impl Block {
 
     /// Index of the first entry ordered at or after `(key, seq)`.
     pub fn seek(&self, key: &[u8], seq: SeqNo) -> usize {
-        let (mut lo, mut hi) = (0, self.count);
+        self.search(key, seq, 0, self.count)
+    }
+
+    /// [`Self::seek`], starting at `from` when every entry before it is
+    /// ordered before `(key, seq)` (the answer to a seek of an earlier key
+    /// in this block): it looks 1, 2, 4, ... entries ahead, so a key near
+    /// the last costs a comparison or two. Any `from` gives the right
+    /// answer; others cost a whole search.
+    pub fn seek_from(&self, key: &[u8], seq: SeqNo, from: usize) -> usize {
+        let before = |i: usize| entry_order(self.key(i), self.seq(i), key, seq).is_lt();
+        if from > self.count || (from > 0 && !before(from - 1)) {
+            return self.seek(key, seq);
+        }
+        // Entries before `lo` are before the target; the one at `hi`, if
+        // any, is not.
+        let (mut lo, mut step) = (from, 1);
+        let hi = loop {
+            let i = lo + step - 1;
+            if i >= self.count {
+                break self.count;
+            }
+            if !before(i) {
+                break i;
+            }
+            lo = i + 1;
+            step *= 2;
+        };
+        self.search(key, seq, lo, hi)
+    }
+
+    /// The first entry of `lo..hi` ordered at or after `(key, seq)` (or
+    /// `hi`), where those before `lo` are before it.
+    fn search(&self, key: &[u8], seq: SeqNo, mut lo: usize, mut hi: usize) -> usize {
         while lo < hi {
             let mid = (lo + hi) / 2;
             if entry_order(self.key(mid), self.seq(mid), key, seq).is_lt() {
@@ -270,6 +304,25 @@ impl KeytableIndex {
             .iter()
             .map(|b| b.first_key.len() + std::mem::size_of::<BlockHandle>())
             .sum()
+    }
+
+    /// Whether block `i` is the one [`Self::find_block`] gives for `key`,
+    /// found from the block and its successor alone (a lookup of keys in
+    /// ascending order asks of the block the last one was found in).
+    pub fn is_block_of(&self, i: usize, key: &[u8]) -> bool {
+        let Some(block) = self.blocks.get(i) else {
+            return false;
+        };
+        let starts_before = if i == 0 {
+            block.first_key.as_ref() <= key
+        } else {
+            block.first_key.as_ref() < key
+        };
+        starts_before
+            && self
+                .blocks
+                .get(i + 1)
+                .is_none_or(|next| next.first_key.as_ref() >= key)
     }
 
     /// The block that may hold `key`, if any.
@@ -445,7 +498,7 @@ impl KeytableBuilder {
             "a built block parses"
         );
         self.parsed.push(Arc::new(Block {
-            data,
+            data: Bytes::from(data),
             count,
             offsets_at: BLOCK_HEADER + data_len,
         }));
@@ -536,6 +589,58 @@ mod tests {
         }
         assert!(idx.bloom.may_contain(Bloom::hash(b"key00123")));
         assert!(KeytableIndex::decode(&kt.bytes[kt.data_pages as usize * 512..], 10).is_err());
+    }
+
+    #[test]
+    fn a_block_is_the_one_found_for_a_key_exactly_when_find_block_says_so() {
+        // Several versions of some keys, so that versions span blocks and
+        // blocks start with equal first keys.
+        let mut b = KeytableBuilder::new(9, 512, 10);
+        for i in 0..120u64 {
+            for v in 0..(1 + i % 4) {
+                b.add(&e(&format!("key{i:05}"), 1000 - v));
+            }
+        }
+        let idx = b.finish().expect("built").index;
+        assert!(idx.blocks.len() > 5);
+        let mut probes: Vec<String> = (0..125u64).map(|i| format!("key{i:05}")).collect();
+        probes.extend(["a".into(), "key".into(), "key00050x".into(), "z".into()]);
+        for k in &probes {
+            let found = idx.find_block(k.as_bytes());
+            for i in 0..idx.blocks.len() + 1 {
+                assert_eq!(
+                    idx.is_block_of(i, k.as_bytes()),
+                    found == Some(i),
+                    "key {k} block {i} (find_block: {found:?})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn seeking_from_anywhere_finds_what_a_seek_finds() {
+        let mut b = KeytableBuilder::new(9, 4096, 10);
+        for i in 0..60u64 {
+            for v in 0..(1 + i % 3) {
+                b.add(&e(&format!("key{:05}", i * 2), 1000 - v));
+            }
+        }
+        let kt = b.finish().expect("built");
+        let block = &kt.blocks[0];
+        assert!(block.len() > 40, "one block with many entries");
+        for k in 0..125u64 {
+            let key = format!("key{k:05}");
+            for seq in [0, 999, 1000, u64::MAX] {
+                let want = block.seek(key.as_bytes(), seq);
+                for from in 0..block.len() + 2 {
+                    assert_eq!(
+                        block.seek_from(key.as_bytes(), seq, from),
+                        want,
+                        "key {key} seq {seq} from {from}"
+                    );
+                }
+            }
+        }
     }
 
     /// The blocks a builder hands to the cache are the blocks its bytes

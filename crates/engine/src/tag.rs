@@ -20,6 +20,7 @@ use crate::db::{BatchOp, Db};
 use crate::error::Result;
 use crate::record::HEADER_LEN;
 use crate::types::{Entry, Kind, ValueBytes};
+use crate::version::Finger;
 
 /// First byte of a value that carries a tag.
 pub const TAG_MAGIC: u8 = 0xF1;
@@ -97,11 +98,12 @@ impl Db {
     /// keytable blocks that are not cached, as any lookup does).
     pub fn multi_get_meta(&self, keys: &[&[u8]]) -> Result<Vec<Option<ValueMeta>>> {
         let (sv, seq) = self.inner.read_view(None);
+        let mut finger = Finger::default();
         keys.iter()
             .map(|k| {
                 Ok(self
                     .inner
-                    .lookup_in(&sv, k, seq)?
+                    .lookup_near(&sv, k, seq, &mut finger)?
                     .filter(|e| e.kind == Kind::Put)
                     .map(|e| ValueMeta::of(&e)))
             })

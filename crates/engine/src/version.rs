@@ -173,7 +173,12 @@ impl Keytable {
     }
 
     /// The newest version of `key` at or below `seq` in this keytable,
-    /// reading its blocks as `source` allows.
+    /// reading its blocks as `source` allows. `near` is where the last
+    /// lookup in this keytable started (kept only by lookups of keys in
+    /// ascending order): when `key` starts in the same block, neither the
+    /// block index is searched nor the cache asked, and the block is
+    /// searched from where that lookup ended. `near` becomes where this
+    /// lookup started.
     fn probe(
         &self,
         key: &[u8],
@@ -181,18 +186,45 @@ impl Keytable {
         seq: SeqNo,
         ctx: &ReadCtx,
         source: Source,
+        near: &mut Option<Near>,
     ) -> Result<Probe> {
-        if self.use_bloom.load(Ordering::Relaxed) && !self.index.bloom.may_contain(hash) {
-            return Ok(Probe::Found(None));
-        }
-        let Some(mut bi) = self.index.find_block(key) else {
-            return Ok(Probe::Found(None));
+        let first = match near {
+            // The block in hand is searched from where the last lookup
+            // ended, which costs less than asking the filter.
+            Some(n) if self.index.is_block_of(n.block_index, key) => n.block_index,
+            _ => {
+                *near = None;
+                if self.use_bloom.load(Ordering::Relaxed) && !self.index.bloom.may_contain(hash) {
+                    return Ok(Probe::Found(None));
+                }
+                let Some(i) = self.index.find_block(key) else {
+                    return Ok(Probe::Found(None));
+                };
+                i
+            }
         };
+        let mut bi = first;
         loop {
-            let Some(block) = self.block_from(bi, ctx, source)? else {
-                return Ok(Probe::NeedsRead);
+            let (block, i) = match near {
+                Some(n) if n.block_index == bi => {
+                    n.at = n.block.seek_from(key, seq, n.at);
+                    (n.block.clone(), n.at)
+                }
+                _ => {
+                    let Some(block) = self.block_from(bi, ctx, source)? else {
+                        return Ok(Probe::NeedsRead);
+                    };
+                    let at = block.seek(key, seq);
+                    if bi == first {
+                        *near = Some(Near {
+                            block_index: bi,
+                            block: block.clone(),
+                            at,
+                        });
+                    }
+                    (block, at)
+                }
             };
-            let i = block.seek(key, seq);
             if i < block.len() {
                 return Ok(Probe::Found((block.key(i) == key).then(|| block.entry(i))));
             }
@@ -203,6 +235,27 @@ impl Keytable {
             }
         }
     }
+}
+
+/// Where a lookup in a keytable started: the block, and the entry its
+/// search in that block ended at.
+struct Near {
+    block_index: usize,
+    block: Arc<Block>,
+    at: usize,
+}
+
+/// Where the last of a run of lookups was found in each level: a
+/// multi-get of neighbouring keys (a block read's chunks, a file's data)
+/// in ascending order looks each next key up from there, without
+/// searching the level's keytables or a keytable's block index again
+/// ([`Version::probe_near`]). Valid for one [`Version`]; any key order is
+/// answered correctly, ascending order is only faster.
+#[derive(Default)]
+pub struct Finger {
+    /// Per level: the keytable the last lookup was in (its index in the
+    /// level), and the block it started in there with that keytable's id.
+    levels: Vec<(usize, Option<Near>, u64)>,
 }
 
 /// Where a lookup may take keytable blocks from.
@@ -238,9 +291,17 @@ pub struct Version {
 }
 
 impl Version {
-    /// The newest version of `key` at or below `seq` in the levels.
-    pub fn get(&self, key: &[u8], seq: SeqNo, ctx: &ReadCtx) -> Result<Option<Entry>> {
-        match self.probe(key, seq, ctx, Source::CacheOrDevice)? {
+    /// The newest version of `key` at or below `seq` in the levels, found
+    /// from where `finger` says the last lookup (in this version) was, and
+    /// leaving it where this one is.
+    pub fn get_near(
+        &self,
+        key: &[u8],
+        seq: SeqNo,
+        ctx: &ReadCtx,
+        finger: &mut Finger,
+    ) -> Result<Option<Entry>> {
+        match self.probe_near(key, seq, ctx, Source::CacheOrDevice, finger)? {
             Probe::Found(e) => Ok(e),
             // A lookup that may read the device never stops for a block.
             Probe::NeedsRead => Err(Error::Corrupt(
@@ -249,14 +310,46 @@ impl Version {
         }
     }
 
-    /// [`Version::get`], reading keytable blocks as `source` allows.
-    pub fn probe(&self, key: &[u8], seq: SeqNo, ctx: &ReadCtx, source: Source) -> Result<Probe> {
+    /// [`Version::get_near`], reading keytable blocks as `source` allows.
+    pub fn probe_near(
+        &self,
+        key: &[u8],
+        seq: SeqNo,
+        ctx: &ReadCtx,
+        source: Source,
+        finger: &mut Finger,
+    ) -> Result<Probe> {
         let hash = Bloom::hash(key);
-        for level in &self.levels {
-            let i = level.partition_point(|kt| kt.index.largest.as_ref() < key);
+        finger
+            .levels
+            .resize_with(self.levels.len(), Default::default);
+        for (level, (at, near, near_of)) in self.levels.iter().zip(&mut finger.levels) {
+            // The first keytable whose largest key is not below `key`:
+            // from the last one when `key` is not before it.
+            let from = if *at > 0
+                && level
+                    .get(*at - 1)
+                    .is_none_or(|kt| kt.index.largest.as_ref() >= key)
+            {
+                0
+            } else {
+                *at
+            };
+            let i = match level.get(from) {
+                Some(kt) if kt.index.largest.as_ref() >= key => from,
+                _ => {
+                    from + level[from.min(level.len())..]
+                        .partition_point(|kt| kt.index.largest.as_ref() < key)
+                }
+            };
+            *at = i;
             if let Some(kt) = level.get(i) {
+                if *near_of != kt.id {
+                    *near = None;
+                    *near_of = kt.id;
+                }
                 if kt.index.smallest.as_ref() <= key {
-                    match kt.probe(key, hash, seq, ctx, source)? {
+                    match kt.probe(key, hash, seq, ctx, source, near)? {
                         Probe::Found(None) => {}
                         found => return Ok(found),
                     }

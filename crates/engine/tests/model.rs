@@ -130,9 +130,22 @@ fn run(seed: u64, ops: usize, device: &dyn Fn() -> Arc<dyn Device>) {
                 db.write_batch(&ops).expect("batch");
             }
             58..=62 => {
-                let ks: Vec<Vec<u8>> = (0..rng.gen_range(1..9))
-                    .map(|_| key(rng.gen_range(0..keys)))
-                    .collect();
+                // Random keys, or a run in ascending order with gaps (a
+                // block read's chunks): lookups from where the last one
+                // was found must answer as fresh ones do.
+                let ks: Vec<Vec<u8>> = if rng.gen_bool(0.5) {
+                    (0..rng.gen_range(1..9))
+                        .map(|_| key(rng.gen_range(0..keys)))
+                        .collect()
+                } else {
+                    let mut k = rng.gen_range(0..keys);
+                    let mut run = Vec::new();
+                    for _ in 0..rng.gen_range(1..80) {
+                        run.push(key(k));
+                        k += rng.gen_range(0..4);
+                    }
+                    run
+                };
                 let refs: Vec<&[u8]> = ks.iter().map(|k| &k[..]).collect();
                 let got = db.multi_get(&refs).expect("multi_get");
                 for (k, v) in ks.iter().zip(got) {
