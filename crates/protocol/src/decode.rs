@@ -52,9 +52,7 @@ pub fn encode_request<'a, A: AsRef<[u8]>>(args: &'a [A], out: &mut impl RequestS
 
 /// `tag`, `n` in decimal, CRLF.
 fn put_header<'a>(out: &mut impl RequestSink<'a>, tag: u8, n: usize) {
-    out.put(&[tag]);
-    out.put(n.to_string().as_bytes());
-    out.put(b"\r\n");
+    out.put(crate::reply::Header::new(tag, n).as_bytes());
 }
 
 /// Decodes one reply from the front of `buf`: `Ok(Some((reply, consumed)))`,

@@ -63,9 +63,9 @@ impl Reply {
             Reply::Simple(s) => line(out, b'+', s.as_bytes()),
             Reply::Status(s) => line(out, b'+', clean(s).as_bytes()),
             Reply::Error(s) => line(out, b'-', clean(s).as_bytes()),
-            Reply::Integer(i) => line(out, b':', i.to_string().as_bytes()),
+            Reply::Integer(i) => out.put(Header::new(b':', *i).as_bytes()),
             Reply::Bulk(b) => {
-                line(out, b'$', b.len().to_string().as_bytes());
+                out.put(Header::new(b'$', b.len()).as_bytes());
                 out.put_value(b);
                 out.put(b"\r\n");
             }
@@ -78,15 +78,15 @@ impl Reply {
                 RespVersion::V3 => out.put(b"_\r\n"),
             },
             Reply::Array(items) => {
-                line(out, b'*', items.len().to_string().as_bytes());
+                out.put(Header::new(b'*', items.len()).as_bytes());
                 for r in items {
                     r.encode(v, out);
                 }
             }
             Reply::Map(pairs) => {
                 match v {
-                    RespVersion::V2 => line(out, b'*', (2 * pairs.len()).to_string().as_bytes()),
-                    RespVersion::V3 => line(out, b'%', pairs.len().to_string().as_bytes()),
+                    RespVersion::V2 => out.put(Header::new(b'*', 2 * pairs.len()).as_bytes()),
+                    RespVersion::V3 => out.put(Header::new(b'%', pairs.len()).as_bytes()),
                 }
                 for (k, val) in pairs {
                     k.encode(v, out);
@@ -111,7 +111,7 @@ impl Reply {
             Reply::Verbatim(text) => match v {
                 RespVersion::V2 => bulk(out, text.as_bytes()),
                 RespVersion::V3 => {
-                    line(out, b'=', (text.len() + 4).to_string().as_bytes());
+                    out.put(Header::new(b'=', text.len() + 4).as_bytes());
                     out.put(b"txt:");
                     out.put(text.as_bytes());
                     out.put(b"\r\n");
@@ -139,6 +139,36 @@ impl Sink for BytesMut {
     }
 }
 
+/// A RESP header line: a type byte, a number in decimal, CRLF, formatted
+/// on the stack (a `to_string` per header was an allocation per value of
+/// every reply and request).
+pub(crate) struct Header {
+    bytes: [u8; Header::MAX],
+    len: usize,
+}
+
+impl Header {
+    /// The type byte, a sign and 20 digits at most, CRLF.
+    const MAX: usize = 24;
+
+    pub(crate) fn new(tag: u8, n: impl itoa::Integer) -> Header {
+        let mut digits = itoa::Buffer::new();
+        let d = digits.format(n).as_bytes();
+        let mut bytes = [0u8; Header::MAX];
+        bytes[0] = tag;
+        bytes[1..1 + d.len()].copy_from_slice(d);
+        bytes[1 + d.len()..3 + d.len()].copy_from_slice(b"\r\n");
+        Header {
+            bytes,
+            len: 3 + d.len(),
+        }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 fn line(out: &mut impl Sink, tag: u8, body: &[u8]) {
     out.put(&[tag]);
     out.put(body);
@@ -146,7 +176,7 @@ fn line(out: &mut impl Sink, tag: u8, body: &[u8]) {
 }
 
 fn bulk(out: &mut impl Sink, b: &[u8]) {
-    line(out, b'$', b.len().to_string().as_bytes());
+    out.put(Header::new(b'$', b.len()).as_bytes());
     out.put(b);
     out.put(b"\r\n");
 }
