@@ -676,11 +676,14 @@ impl DbInner {
     /// holds a segment that GC would clean, wakes GC and tries again, for
     /// at most [`NOSPACE_WAIT`]: a writer faster than GC waits for it
     /// rather than failing on a device that is not full of live data. A
-    /// delete batch (`deletes`) also waits while the memtable holds
-    /// entries: the flush that maintenance then runs turns the values that
-    /// earlier deletes and overwrites dropped into garbage GC can clean
-    /// (each delete under `sync` durability takes a page of the delete
-    /// reserve, which deletes alone would exhaust). A failed append
+    /// delete batch (`deletes`) also waits while earlier deletes and
+    /// overwrites have not met the versions they hide yet: while the
+    /// memtables hold entries or flushed runs wait for their merge into
+    /// L1, which maintenance runs first when space is low and which turns
+    /// the values they dropped into garbage GC can clean (each delete
+    /// under `sync` durability takes a page of the delete reserve, which
+    /// deletes alone would exhaust; a delete that came just after a flush
+    /// failed while the run it left waited for its merge). A failed append
     /// changed nothing (it fails before writing a record).
     fn retry_while_gc_can_free<T>(
         &self,
@@ -693,7 +696,7 @@ impl DbInner {
                 Err(Error::NoSpace)
                     if self.opts.background
                         && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
-                            || (deletes && !self.sv.read().mem.is_empty()))
+                            || (deletes && self.unmerged_deletes_may_free()))
                         && std::time::Instant::now() < deadline
                         && !self.shutdown.load(Ordering::Acquire)
                         && self.bg_error.lock().is_none() =>
@@ -705,6 +708,14 @@ impl DbInner {
                 other => return other,
             }
         }
+    }
+
+    /// Whether deletes and overwrites may still release values for GC once
+    /// maintenance flushes and merges what it holds (see
+    /// [`Self::retry_while_gc_can_free`]).
+    fn unmerged_deletes_may_free(&self) -> bool {
+        let sv = self.sv.read();
+        !sv.mem.is_empty() || sv.imm.is_some() || sv.version.runs > 0
     }
 
     /// Whether `free` segments is low: writes then yield time to GC, and GC
