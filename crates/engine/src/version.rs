@@ -253,9 +253,19 @@ struct Near {
 /// answered correctly, ascending order is only faster.
 #[derive(Default)]
 pub struct Finger {
-    /// Per level: the keytable the last lookup was in (its index in the
-    /// level), and the block it started in there with that keytable's id.
-    levels: Vec<(usize, Option<Near>, u64)>,
+    levels: Vec<LevelFinger>,
+}
+
+/// A [`Finger`]'s place in one level.
+#[derive(Default)]
+struct LevelFinger {
+    /// The index in the level of the keytable the last lookup was in.
+    keytable: usize,
+    /// That keytable's id: `near` belongs to it (in another version the
+    /// same index may name another keytable).
+    keytable_id: u64,
+    /// Where the last lookup in that keytable started.
+    near: Option<Near>,
 }
 
 /// Where a lookup may take keytable blocks from.
@@ -323,33 +333,32 @@ impl Version {
         finger
             .levels
             .resize_with(self.levels.len(), Default::default);
-        for (level, (at, near, near_of)) in self.levels.iter().zip(&mut finger.levels) {
+        for (level, f) in self.levels.iter().zip(&mut finger.levels) {
             // The first keytable whose largest key is not below `key`:
             // from the last one when `key` is not before it.
-            let from = if *at > 0
+            let from = if f.keytable > 0
                 && level
-                    .get(*at - 1)
+                    .get(f.keytable - 1)
                     .is_none_or(|kt| kt.index.largest.as_ref() >= key)
             {
                 0
             } else {
-                *at
+                f.keytable
             };
-            let i = match level.get(from) {
+            f.keytable = match level.get(from) {
                 Some(kt) if kt.index.largest.as_ref() >= key => from,
                 _ => {
                     from + level[from.min(level.len())..]
                         .partition_point(|kt| kt.index.largest.as_ref() < key)
                 }
             };
-            *at = i;
-            if let Some(kt) = level.get(i) {
-                if *near_of != kt.id {
-                    *near = None;
-                    *near_of = kt.id;
+            if let Some(kt) = level.get(f.keytable) {
+                if f.keytable_id != kt.id {
+                    f.near = None;
+                    f.keytable_id = kt.id;
                 }
                 if kt.index.smallest.as_ref() <= key {
-                    match kt.probe(key, hash, seq, ctx, source, near)? {
+                    match kt.probe(key, hash, seq, ctx, source, &mut f.near)? {
                         Probe::Found(None) => {}
                         found => return Ok(found),
                     }
