@@ -314,8 +314,9 @@ impl Conn {
     fn read_reply(&mut self, deadline: Instant) -> Result<Reply> {
         loop {
             if !self.pending.is_empty() {
-                // Decoded once it is whole (the scan looks at each read's
-                // bytes once; decoding walks all of them).
+                // Decoded once it is whole (the scan resumes at the first
+                // top-level element not yet whole, so a multi-get's reply
+                // is looked at about once; decoding walks all of it).
                 let protocol = |source| ClientError::Protocol {
                     node: self.node.clone(),
                     source,

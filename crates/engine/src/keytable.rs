@@ -57,8 +57,8 @@ fn read_u64(b: &[u8], at: usize) -> Option<u64> {
 /// A decoded, checksum-verified data block.
 #[derive(Debug)]
 pub struct Block {
-    /// The block's bytes; an [`Entry`] taken from it shares them for its
-    /// key (a lookup allocated and copied each key it found).
+    /// The block's bytes (an [`Entry`] from [`Block::entry_sharing`]
+    /// shares them for its key).
     data: Bytes,
     count: usize,
     offsets_at: usize,
@@ -140,8 +140,22 @@ impl Block {
         u64::from_le_bytes(self.data[p..p + 8].try_into().unwrap_or([0; 8]))
     }
 
-    /// Entry `i` (validated at parse time).
+    /// Entry `i` (validated at parse time), its key copied: what a scan
+    /// or a merge collects may outlive the block by far, and a key must not
+    /// hold a whole block in memory (outside the cache's budget).
     pub fn entry(&self, i: usize) -> Entry {
+        self.entry_at(i, false)
+    }
+
+    /// [`Self::entry`] with a key that shares the block's bytes instead of
+    /// a fresh allocation, for a point lookup's answer, which lives no
+    /// longer than the lookup's caller needs it (a lookup allocated and
+    /// copied each key it found).
+    pub fn entry_sharing(&self, i: usize) -> Entry {
+        self.entry_at(i, true)
+    }
+
+    fn entry_at(&self, i: usize, share: bool) -> Entry {
         let off = self.offset(i);
         let klen = u16::from_le_bytes([self.data[off], self.data[off + 1]]) as usize;
         let p = off + 2 + klen;
@@ -157,7 +171,11 @@ impl Block {
             Tagging::Unknown
         };
         Entry {
-            key: self.data.slice(off + 2..p),
+            key: if share {
+                self.data.slice(off + 2..p)
+            } else {
+                Bytes::copy_from_slice(&self.data[off + 2..p])
+            },
             seq: self.seq(i),
             kind,
             ptr: ValuePtr::decode(&self.data[p + 9..tag_at]).unwrap_or_default(),

@@ -174,8 +174,8 @@ impl Keytable {
 
     /// The newest version of `key` at or below `seq` in this keytable,
     /// reading its blocks as `source` allows. `near` is where the last
-    /// lookup in this keytable started (kept only by lookups of keys in
-    /// ascending order): when `key` starts in the same block, neither the
+    /// lookup in this keytable started (`None` for a lookup on its own):
+    /// when `key` starts in the same block, neither the
     /// block index is searched nor the cache asked, and the block is
     /// searched from where that lookup ended. `near` becomes where this
     /// lookup started.
@@ -226,7 +226,9 @@ impl Keytable {
                 }
             };
             if i < block.len() {
-                return Ok(Probe::Found((block.key(i) == key).then(|| block.entry(i))));
+                return Ok(Probe::Found(
+                    (block.key(i) == key).then(|| block.entry_sharing(i)),
+                ));
             }
             bi += 1;
             match self.index.blocks.get(bi) {
@@ -245,9 +247,10 @@ struct Near {
     at: usize,
 }
 
-/// Where the last of a run of lookups was found in each level: a
-/// multi-get of neighbouring keys (a block read's chunks, a file's data)
-/// in ascending order looks each next key up from there, without
+/// Where the last lookup that reached each level went in it (the keytable,
+/// and the block and entry its search started from): a multi-get of
+/// neighbouring keys (a block read's chunks, a file's data) in ascending
+/// order looks each next key up from there, without
 /// searching the level's keytables or a keytable's block index again
 /// ([`Version::probe_near`]). Valid for one [`Version`]; any key order is
 /// answered correctly, ascending order is only faster.

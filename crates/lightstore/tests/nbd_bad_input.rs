@@ -138,7 +138,7 @@ fn still_serves(sock: &Path, tag: u8) {
 }
 
 /// Requests and a DISC sent in one write (read by the server in one read
-/// call, handed to its batchers as one group): every request is answered
+/// call, run as one batch): every request is answered
 /// before the connection closes.
 fn pipelined_requests_then_disc_are_all_answered(sock: &Path) {
     let mut s = open(sock);

@@ -77,7 +77,7 @@ pub struct NbdServer {
     /// Counters.
     pub stats: Stats,
     in_flight: Arc<AtomicU64>,
-    /// Set to stop every connection's reader (shutdown).
+    /// Set to stop reading every connection's requests (shutdown).
     stop: tokio::sync::watch::Sender<bool>,
     /// Connections being served now.
     connections: AtomicU64,
@@ -178,8 +178,9 @@ impl NbdServer {
                 return;
             }
         };
-        // Shutdown stops the reader by shutting the socket's read side: it
-        // sees the end of the stream, and what it took is still answered.
+        // Shutdown stops a connection's leader by shutting the socket's
+        // read side: it sees the end of the stream, and what was read is
+        // still answered.
         let stopper = match sock.try_clone() {
             Ok(s) => s,
             Err(e) => {
@@ -429,8 +430,10 @@ impl NbdServer {
                 let spawned = std::thread::Builder::new()
                     .name("ls-nbd-conn".into())
                     .spawn_scoped(scope, move || self.take_turns(s, intake, out));
+                // The threads that started serve the connection (one is
+                // enough, only slower).
                 if let Err(e) = spawned {
-                    intake.lock().ended.get_or_insert(Err(e.into()));
+                    tracing::warn!(error = %e, "could not start a connection thread");
                 }
             }
             self.take_turns(s, intake, out);
@@ -798,9 +801,9 @@ impl NbdServer {
     }
 }
 
-/// A request waiting for a batcher: header, WRITE payload, its slot among
-/// the connection's requests (released once its reply is written) and its
-/// count in the server's requests in flight.
+/// A request read and not yet answered: header, WRITE payload and its
+/// count in the server's requests in flight (released once its reply is
+/// written).
 type Job = (Request, Vec<u8>, InFlight);
 
 /// A connection's read side, taken by one thread at a time (the leader).
@@ -815,7 +818,7 @@ fn job_bytes((req, payload, _): &Job) -> usize {
     payload.len().max(req.length as usize)
 }
 
-/// Where a connection's batchers write their replies.
+/// Where a connection's threads write their replies.
 struct Replies {
     sock: Mutex<Socket>,
     /// Set when a write failed: the connection is done.
@@ -825,7 +828,7 @@ struct Replies {
 impl Replies {
     /// Writes `replies` in one go (one system call while the socket takes
     /// them). A failed or timed-out write breaks the connection: both
-    /// directions are shut, so the reader stops too.
+    /// directions are shut, so the leader's read ends too.
     fn send(&self, replies: &[Reply]) {
         let mut slices: Vec<IoSlice<'_>> = replies
             .iter()
@@ -934,7 +937,7 @@ fn stat_index(kind: u16) -> usize {
     }
 }
 
-/// Reads a WRITE's `len` payload bytes: what the reader has buffered,
+/// Reads a WRITE's `len` payload bytes: what the leader has buffered,
 /// then straight from the socket into the vector's spare capacity, which
 /// is never zeroed first (`read_to_end` through a `BufReader` zeroed each
 /// payload before the kernel overwrote it: 3 % of a sequential write's CPU).

@@ -106,11 +106,19 @@ pub(crate) fn line<'a>(buf: &'a [u8], pos: &mut usize) -> Result<Option<&'a [u8]
     }
 }
 
-fn number(text: &[u8]) -> Result<i64, ReplyError> {
+pub(crate) fn number(text: &[u8]) -> Result<i64, ReplyError> {
     std::str::from_utf8(text)
         .ok()
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| bad(format!("bad number {:?}", String::from_utf8_lossy(text))))
+}
+
+/// A RESP3 double's text.
+pub(crate) fn double(text: &[u8]) -> Result<f64, ReplyError> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad double"))
 }
 
 /// The length of a bulk-like reply (`$`, `=`, `!`) from its header line:
@@ -182,12 +190,7 @@ fn parse(buf: &Bytes, pos: &mut usize, depth: usize) -> Result<Option<Reply>, Re
         b'-' => Reply::Error(text(head)),
         b':' => Reply::Integer(number(head)?),
         b'(' => Reply::Status(text(head)),
-        b',' => Reply::Double(
-            std::str::from_utf8(head)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| bad("bad double"))?,
-        ),
+        b',' => Reply::Double(double(head)?),
         b'#' => Reply::Integer(i64::from(head == b"t")),
         b'_' => Reply::Null,
         b'$' | b'=' | b'!' => {

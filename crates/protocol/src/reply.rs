@@ -148,8 +148,9 @@ pub(crate) struct Header {
 }
 
 impl Header {
-    /// The type byte, a sign and 20 digits at most, CRLF.
-    const MAX: usize = 24;
+    /// The type byte, the longest number itoa writes (a 128-bit one: a
+    /// sign and 39 digits), CRLF.
+    const MAX: usize = 43;
 
     pub(crate) fn new(tag: u8, n: impl itoa::Integer) -> Header {
         let mut digits = itoa::Buffer::new();

@@ -12,7 +12,9 @@
 //! deep a nesting) are an error at once, so a reader never waits for more
 //! bytes that cannot help.
 
-use crate::decode::{aggregate_items, bad, bulk_len, is_aggregate, is_bulk, is_simple, line};
+use crate::decode::{
+    aggregate_items, bad, bulk_len, double, is_aggregate, is_bulk, is_simple, line, number,
+};
 use crate::{ReplyError, MAX_REPLY_DEPTH};
 
 /// Progress through one reply being received (see the module doc). Start a
@@ -95,6 +97,16 @@ fn skip(buf: &[u8], pos: &mut usize, depth: usize) -> Result<Option<()>, ReplyEr
         return Ok(None);
     };
     if is_simple(tag) {
+        // What decoding checks of a one-line reply: its number.
+        match tag {
+            b':' => {
+                number(head)?;
+            }
+            b',' => {
+                double(head)?;
+            }
+            _ => {}
+        }
         return Ok(Some(()));
     }
     if is_bulk(tag) {
@@ -205,6 +217,9 @@ mod tests {
             b"*99999999999\r\n",
             b"$1\r\nab\r\n",
             b"*2\r\n$1\r\na\r\n?",
+            // A bad number inside an aggregate still short of elements.
+            b"*3\r\n:x\r\n:1\r\n",
+            b"*3\r\n,x\r\n",
         ] {
             assert!(ReplyScan::new().advance(bad).is_err(), "{bad:?}");
         }
@@ -213,6 +228,34 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn never_waits_where_decoding_fails_or_finishes(
+            bytes in proptest::collection::vec(
+                prop_oneof![
+                    Just(b'*'), Just(b'$'), Just(b':'), Just(b','), Just(b'\r'),
+                    Just(b'\n'), Just(b'1'), Just(b'2'), Just(b'-'), Just(b'x'),
+                ],
+                0..40,
+            ),
+        ) {
+            let mut scan = ReplyScan::new();
+            for cut in 0..=bytes.len() {
+                let scanned = scan.advance(&bytes[..cut]);
+                if scanned.is_err() {
+                    break; // a reader drops the connection here
+                }
+                let whole = matches!(scanned, Ok(Some(_)));
+                match decoded(&bytes[..cut]) {
+                    Ok(Some(len)) => prop_assert_eq!(scanned, Ok(Some(len)), "cut {}", cut),
+                    Ok(None) => prop_assert_eq!(scanned, Ok(None), "cut {}", cut),
+                    Err(_) => prop_assert!(whole, "cut {}: waits where decoding fails", cut),
+                }
+                if whole {
+                    break;
+                }
+            }
+        }
+
         #[test]
         fn agrees_with_decoding_in_random_pieces(
             which in 0usize..10,
