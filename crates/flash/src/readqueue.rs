@@ -446,6 +446,19 @@ mod tests {
         (dir, store, seg)
     }
 
+    /// A formatted store on the emulated NAND (no descriptor to read
+    /// directly) and a segment allocated in it.
+    fn nand_store() -> (FlashStore, u32) {
+        let dev = NandDevice::new(NandConfig {
+            page_size: PS,
+            capacity: CAPACITY,
+            ..Default::default()
+        });
+        let store = FlashStore::format(dev, &opts()).unwrap();
+        let (seg, _) = store.allocate(0).unwrap();
+        (store, seg)
+    }
+
     /// Waits (bounded) until `want` reads have completed and returns them.
     fn wait_reap<T>(q: &mut ReadQueue<T>, want: usize) -> Vec<(T, DirectRead, Result<()>)> {
         let mut out = Vec::new();
@@ -561,13 +574,7 @@ mod tests {
         }
         assert_eq!(store.stats().device.read_ops, before + extents.len() as u64);
 
-        let dev = NandDevice::new(NandConfig {
-            page_size: PS,
-            capacity: CAPACITY,
-            ..Default::default()
-        });
-        let nand = FlashStore::format(dev, &opts()).unwrap();
-        let (nseg, _) = nand.allocate(0).unwrap();
+        let (nand, nseg) = nand_store();
         nand.write(nseg, 0, &vec![1u8; PS as usize]).unwrap();
         assert!(nand.read_now(&[(nseg, 0, PS as usize)]).unwrap().is_none());
     }
@@ -652,13 +659,7 @@ mod tests {
 
     #[test]
     fn emulated_nand_has_no_direct_reads() {
-        let dev = NandDevice::new(NandConfig {
-            page_size: PS,
-            capacity: CAPACITY,
-            ..Default::default()
-        });
-        let store = FlashStore::format(dev, &opts()).unwrap();
-        let (seg, _) = store.allocate(0).unwrap();
+        let (store, seg) = nand_store();
         assert!(store.direct_read(seg, 0, PS as usize).unwrap().is_none());
         assert!(matches!(
             store.direct_read(seg, 3, PS as usize),

@@ -421,8 +421,6 @@ mod tests {
         assert_eq!(store.len(), nonzero + 1, "chunks plus the volume record");
     }
 
-    /// Batches of overlapping writes and zeroings apply in order, and
-    /// batched reads (sharing chunks) read what the oracle holds.
     /// Holes longer than the static zeros come out as several slices of
     /// them; data and holes keep their order.
     #[test]
@@ -444,6 +442,8 @@ mod tests {
         assert!(joined == want);
     }
 
+    /// Batches of overlapping writes and zeroings apply in order, and
+    /// batched reads (sharing chunks) read what the oracle holds.
     #[test]
     fn batches_match_the_oracle() {
         let size = 256 << 10;

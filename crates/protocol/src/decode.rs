@@ -244,7 +244,7 @@ fn parse(buf: &Bytes, pos: &mut usize, depth: usize) -> Result<Option<Reply>, Re
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
 
     #[test]
     fn size_hints_match_whole_replies_of_equal_values() {
@@ -318,16 +318,21 @@ mod tests {
         assert_eq!(&out[..], b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
     }
 
+    /// Replies that can never decode (a bad type, a bad or oversized
+    /// length, a bulk without its CRLF): the decoder and
+    /// [`crate::ReplyScan`] both reject each.
+    pub(crate) const MALFORMED: [&[u8]; 6] = [
+        b"?x\r\n",
+        b"$-5\r\n",
+        b":12a\r\n",
+        b"$99999999999\r\n",
+        b"*99999999999\r\n",
+        b"$1\r\nab\r\n",
+    ];
+
     #[test]
     fn rejects_garbage_and_oversized_lengths() {
-        for bad in [
-            &b"?x\r\n"[..],
-            b"$-5\r\n",
-            b":12a\r\n",
-            b"$99999999999\r\n",
-            b"*99999999999\r\n",
-            b"$1\r\nab\r\n",
-        ] {
+        for bad in MALFORMED {
             assert!(
                 decode_reply(&Bytes::copy_from_slice(bad)).is_err(),
                 "{bad:?}"
