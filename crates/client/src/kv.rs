@@ -13,6 +13,10 @@ use crate::error::{ClientError, Result};
 /// Most key, version and value bytes in one VSET request; a larger batch
 /// goes to a node as several pipelined VSETs (each pair stays atomic).
 const MAX_WRITE_REQUEST: usize = 16 << 20;
+/// Most keys in one VSET or VDEL request: a node refuses a request of more
+/// than `max-args` arguments (default 1,048,576) by closing the connection,
+/// so a large batch of small values or deletes goes in several.
+const MAX_WRITE_KEYS: usize = 65_536;
 /// Most keys in one HINT request.
 const HINT_KEYS: usize = 4096;
 
@@ -291,7 +295,8 @@ impl Inner {
 /// One node's requests for its entries `idx` of a write at `version`: one
 /// `VBATCH` when `atomic`, else `VSET`s of at most [`MAX_WRITE_REQUEST`]
 /// bytes each (at least one pair: a node bounds one request, and the
-/// request memory all clients hold while it is read) and one `VDEL`.
+/// request memory all clients hold while it is read) and `VDEL`s, each of
+/// at most [`MAX_WRITE_KEYS`] keys.
 fn write_requests<'a>(
     entries: &[(&'a [u8], Option<&'a [u8]>)],
     idx: &[usize],
@@ -319,14 +324,20 @@ fn write_requests<'a>(
         match value {
             Some(v) => {
                 let n = key.len() + version.len() + v.len();
-                if vset.len() > 1 && vset_bytes + n > MAX_WRITE_REQUEST {
+                let full = vset_bytes + n > MAX_WRITE_REQUEST || vset.len() > 3 * MAX_WRITE_KEYS;
+                if vset.len() > 1 && full {
                     reqs.push(std::mem::replace(&mut vset, vec![b"VSET"]));
                     vset_bytes = 0;
                 }
                 vset.extend([key, version.as_bytes(), v]);
                 vset_bytes += n;
             }
-            None => vdel.extend([key, version.as_bytes()]),
+            None => {
+                if vdel.len() > 2 * MAX_WRITE_KEYS {
+                    reqs.push(std::mem::replace(&mut vdel, vec![b"VDEL"]));
+                }
+                vdel.extend([key, version.as_bytes()]);
+            }
         }
     }
     reqs.extend([vset, vdel].into_iter().filter(|r| r.len() > 1));
@@ -349,5 +360,35 @@ fn clone_error(e: &ClientError) -> ClientError {
             source: std::io::Error::new(source.kind(), source.to_string()),
         },
         other => ClientError::Unavailable(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_batches_go_in_requests_a_node_accepts() {
+        let keys: Vec<Vec<u8>> = (0..(2 * MAX_WRITE_KEYS + 5) as u32)
+            .map(|i| i.to_be_bytes().to_vec())
+            .collect();
+        let entries: Vec<(&[u8], Option<&[u8]>)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (&k[..], (i % 2 == 0).then_some(&b"v"[..])))
+            .collect();
+        let idx: Vec<usize> = (0..entries.len()).collect();
+        let reqs = write_requests(&entries, &idx, "7", false);
+        let (mut sets, mut dels) = (0, 0);
+        for r in &reqs {
+            assert!(r.len() <= 1 + 3 * MAX_WRITE_KEYS, "{} arguments", r.len());
+            match r[0] {
+                b"VSET" => sets += (r.len() - 1) / 3,
+                b"VDEL" => dels += (r.len() - 1) / 2,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!((sets, dels), (MAX_WRITE_KEYS + 3, MAX_WRITE_KEYS + 2));
+        assert_eq!(reqs.len(), 4, "two of each");
     }
 }

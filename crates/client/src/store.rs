@@ -115,6 +115,10 @@ pub struct MemStore {
     pub ranges: AtomicU64,
     /// Calls to `mget` (and `get`) so far.
     pub mgets: AtomicU64,
+    /// Keys asked of `exists` so far.
+    pub exists_keys: AtomicU64,
+    /// Most keys one `write` (or `write_atomic`) call held so far.
+    pub largest_write: AtomicU64,
 }
 
 impl MemStore {
@@ -141,11 +145,15 @@ impl Store for MemStore {
         Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())
     }
     fn exists(&self, keys: &[&[u8]]) -> Result<Vec<bool>> {
+        self.exists_keys
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
         let map = self.map.lock();
         Ok(keys.iter().map(|k| map.contains_key(*k)).collect())
     }
     fn write(&self, ops: &[WriteOp<'_>]) -> Result<()> {
         self.writes.fetch_add(1, Ordering::Relaxed);
+        self.largest_write
+            .fetch_max(ops.len() as u64, Ordering::Relaxed);
         let mut map = self.map.lock();
         for (k, v) in ops {
             match v {

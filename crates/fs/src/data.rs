@@ -195,22 +195,33 @@ impl FileSystem {
         Ok(())
     }
 
-    /// Makes `[start, end)` of `ino` (size `size`) read zeros: chunks it
-    /// covers whole are deleted, the others rewritten.
+    /// Makes `[start, end)` of `ino` (size `size`) read zeros: the chunks
+    /// it covers whole are deleted, found by listing (a hole punched
+    /// through a large sparse file costs what the file holds there, not
+    /// its length), and the chunks at either end rewritten.
     fn zero_range(&self, ino: u64, start: u64, end: u64, size: u64) -> Result<()> {
         if start >= end {
             return Ok(());
         }
         let first = start / self.chunk;
         let last = (end - 1) / self.chunk;
-        let mut ops: Change = Vec::new();
-        for c in first..=last {
+        // The last chunk of the file counts as whole once the range reaches
+        // the size: nothing is stored past it.
+        let whole = |c: u64| {
             let cs = c * self.chunk;
-            let key = self.keys.chunk(ino, c);
-            if start <= cs && end >= (cs + self.chunk).min(size) {
-                ops.push((key, None));
+            start <= cs && end >= (cs + self.chunk).min(size)
+        };
+        let mut ops: Change = Vec::new();
+        for c in if first == last {
+            vec![first]
+        } else {
+            vec![first, last]
+        } {
+            if whole(c) {
                 continue;
             }
+            let cs = c * self.chunk;
+            let key = self.keys.chunk(ino, c);
             let Some(old) = self.store.get(&key)? else {
                 continue;
             };
@@ -222,7 +233,13 @@ impl FileSystem {
                 ops.push((key, Some(v)));
             }
         }
-        Ok(self.store.write(&write_ops(&ops))?)
+        self.store.write(&write_ops(&ops))?;
+        let from = if whole(first) { first } else { first + 1 };
+        let to = if whole(last) { last + 1 } else { last };
+        if from < to {
+            self.delete_listed(&self.keys.chunk(ino, from), &self.keys.chunk(ino, to))?;
+        }
+        Ok(())
     }
 
     /// Records the growth mark of `ino` before it grows past its stored
@@ -260,7 +277,7 @@ impl FileSystem {
     /// of the one it ends in).
     pub(crate) fn drop_data_past(&self, ino: u64, size: u64) -> Result<()> {
         let (s, e) = self.keys.chunks_from(ino, size.div_ceil(self.chunk));
-        self.delete_keys(&self.list_keys(&s, &e)?)?;
+        self.delete_listed(&s, &e)?;
         let within = size % self.chunk;
         if within != 0 {
             let key = self.keys.chunk(ino, size / self.chunk);

@@ -532,6 +532,21 @@ impl FileSystem {
         Ok(out)
     }
 
+    /// Deletes every key in `[start, end)`, each page as it is listed:
+    /// memory and requests stay bounded whatever the range holds.
+    pub(crate) fn delete_listed(&self, start: &[u8], end: &[u8]) -> Result<()> {
+        self.settle_range(start, end)?;
+        for_each_page(
+            start,
+            |from, n| self.store.range_keys(from, end, n),
+            |k| k,
+            |page| {
+                let keys: Vec<Vec<u8>> = page.into_iter().map(|k| k.to_vec()).collect();
+                self.delete_keys(&keys)
+            },
+        )
+    }
+
     /// Every live pair in `[start, end)`, read page by page.
     pub(crate) fn list_pairs(&self, start: &[u8], end: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.settle_range(start, end)?;
@@ -596,16 +611,18 @@ impl FileSystem {
         // No chunk lies past the size (see data.rs), so a small file's
         // chunks are known without listing; a large or unknown one is
         // listed (a sparse file would leave many needless tombstones).
-        let chunks = match &known {
-            Some(i) if i.size.div_ceil(self.chunk) <= 64 => (0..i.size.div_ceil(self.chunk))
-                .map(|c| self.keys.chunk(ino, c))
-                .collect(),
+        match &known {
+            Some(i) if i.size.div_ceil(self.chunk) <= 64 => {
+                let chunks: Vec<Vec<u8>> = (0..i.size.div_ceil(self.chunk))
+                    .map(|c| self.keys.chunk(ino, c))
+                    .collect();
+                self.delete_keys(&chunks)?;
+            }
             _ => {
                 let (start, end) = self.keys.chunks_from(ino, 0);
-                self.list_keys(&start, &end)?
+                self.delete_listed(&start, &end)?;
             }
-        };
-        self.delete_keys(&chunks)?;
+        }
         let (_ns, mut txn) = self.begin();
         match txn.get(ino) {
             Ok(i) if i.nlink > 0 => return Ok(()),

@@ -343,6 +343,47 @@ fn fallocate_grows_and_punches_holes() {
 }
 
 #[test]
+fn holes_punched_through_large_sparse_files_cost_what_they_hold() {
+    use std::sync::atomic::Ordering;
+    let (store, fs, _) = new_fs(4096);
+    let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
+    // A 1 TiB file holding a few chunks (268 million chunks of 4 KiB).
+    let size = 1u64 << 40;
+    let marks = [5000u64, 3 << 30, (1 << 39) + 77, size - 10];
+    for &at in &marks {
+        fs.write(f.ino, at, b"data").expect("write");
+    }
+    fs.fsync(f.ino).expect("fsync");
+    assert_eq!(fs.inode(f.ino).expect("f").size, size - 6);
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // Through the middle two marks, from inside the first chunk to inside
+    // the last: the ends are rewritten, everything between deleted.
+    fs.fallocate(f.ino, 5002, size - 5002 - 9, punch)
+        .expect("punch");
+    assert_eq!(fs.read(f.ino, 5000, 4).expect("read"), b"da\0\0");
+    assert_eq!(fs.read(f.ino, size - 10, 4).expect("read"), b"\0ata");
+    for &at in &marks[1..3] {
+        assert_eq!(fs.read(f.ino, at, 4).expect("read"), [0; 4], "at {at}");
+    }
+    assert!(
+        store.largest_write.load(Ordering::Relaxed) <= 1000,
+        "{} keys in one write",
+        store.largest_write.load(Ordering::Relaxed)
+    );
+    // Truncating it away lists what is left instead of naming every chunk.
+    fs.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .expect("truncate");
+    assert!(store.largest_write.load(Ordering::Relaxed) <= 1000);
+    assert_eq!(fs.read(f.ino, 0, 10).expect("read"), b"");
+}
+
+#[test]
 fn a_crash_drops_unflushed_growth_and_keeps_what_was_flushed() {
     let (store, fs, rec) = new_fs(4096);
     let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");

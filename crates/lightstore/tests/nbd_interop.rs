@@ -213,6 +213,60 @@ fn qemu_img_convert_compare_map_and_nbdcopy_both_ways() {
     );
 }
 
+/// `mkfs` discards the whole device first and `qemu-img map` asks about
+/// all of it: on a 1 TiB volume holding 3 MiB both must cost what the
+/// volume holds (a probe per 4 KiB chunk took minutes).
+#[test]
+fn a_large_volume_is_trimmed_and_mapped_at_the_cost_of_what_it_holds() {
+    if !have_tools(&["nbdsh", "qemu-img"]) {
+        return;
+    }
+    let s = setup_with("1T", &[]);
+    let script = r#"
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+size = h.get_size()
+marks = [0, 300 << 30, size - (1 << 20)]
+for m in marks:
+    h.pwrite(b"\x5a" * (1 << 20), m)
+step = (4 << 30) - (1 << 20)
+off = 1 << 20
+while off < size - (1 << 20):
+    n = min(step, size - (1 << 20) - off)
+    h.trim(n, off)
+    off += n
+assert h.pread(1 << 20, 0) == b"\x5a" * (1 << 20), "before the trim"
+assert h.pread(4096, 300 << 30) == bytes(4096), "inside the trim"
+assert h.pread(1 << 20, size - (1 << 20)) == b"\x5a" * (1 << 20), "after it"
+h.shutdown()
+print("ok")
+"#;
+    let path = s.tmp.path().join("trim.py");
+    std::fs::write(&path, script).expect("script");
+    let uri = s.nbd.uri("vol1");
+    let out = run("/usr/bin/python3", &[path.to_str().expect("path"), &uri]);
+    assert!(stdout(&out).contains("ok"));
+    let map = stdout(&run(
+        "qemu-img",
+        &["map", "--output=json", "-f", "raw", &uri],
+    ));
+    let data: Vec<&str> = map
+        .lines()
+        .filter(|l| l.contains("\"data\": true"))
+        .collect();
+    assert_eq!(data.len(), 2, "data at both ends only:\n{map}");
+    // Every probe of chunks (VMETA) on the node: a handful per listing,
+    // not one per 8 MiB of the volume (131,072).
+    let stats = s._node.cli(&["info", "commandstats"]);
+    let probes: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_vmeta:calls="))
+        .and_then(|l| l.split(',').next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(probes < 1000, "{probes} VMETA calls:\n{stats}");
+}
+
 #[test]
 fn nbdsh_fua_and_flush_are_visible_on_every_connection() {
     if !have_tools(&["nbdsh"]) {

@@ -19,7 +19,7 @@ use client::{Store, WriteOp};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::Result;
-use crate::volume::{chunk_key, Volume};
+use crate::volume::{chunk_index, chunk_key, Volume};
 
 /// Stripe locks for read-modify-write of chunks.
 const STRIPES: usize = 1024;
@@ -72,6 +72,12 @@ pub struct Patch<'a> {
 /// Zeroings longer than this run in windows of this size, so memory stays
 /// bounded whatever the request's length.
 const ZERO_WINDOW: usize = 8 << 20;
+
+/// Chunk keys one listing of a long zeroing asks for.
+const LIST_PAGE: usize = 2048;
+
+/// Most chunks one BLOCK_STATUS looks at (it may answer less than asked).
+pub const MAX_STATUS_LISTED: usize = 16_384;
 
 /// Allocation of a byte range, as BLOCK_STATUS reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,8 +203,24 @@ impl Blocks {
 
     /// Zeros `len` bytes at `offset` (WRITE_ZEROES and TRIM): whole chunks
     /// are deleted (stored as zeros with `keep`), parts of chunks zeroed in
-    /// place; in windows of [`ZERO_WINDOW`] bytes.
+    /// place. A long range that need not stay allocated touches only the
+    /// chunks a listing finds stored, so its cost follows what the volume
+    /// holds there, not its length (`mkfs` trims the whole device first).
     pub fn zero(&self, offset: u64, len: usize, fua: bool, keep: bool) -> Result<()> {
+        if keep || len <= ZERO_WINDOW {
+            self.zero_in_windows(offset, len, keep)?;
+        } else {
+            self.zero_listed(offset, len)?;
+        }
+        if fua {
+            self.store.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Zeros `[offset, offset + len)` chunk by chunk, in windows of
+    /// [`ZERO_WINDOW`] bytes.
+    fn zero_in_windows(&self, offset: u64, len: usize, keep: bool) -> Result<()> {
         let mut done = 0;
         while done < len {
             let n = (len - done).min(ZERO_WINDOW);
@@ -210,8 +232,55 @@ impl Blocks {
             }])?;
             done += n;
         }
-        if fua {
-            self.store.sync()?;
+        Ok(())
+    }
+
+    /// Zeros `[offset, offset + len)` without keeping it allocated: the
+    /// chunks at either end in part, and of the whole chunks between them
+    /// those a listing shows, each group of neighbours as one zeroing of
+    /// at most [`ZERO_WINDOW`] bytes (which checks what each chunk holds
+    /// before it deletes: a listing may show chunks deleted recently).
+    fn zero_listed(&self, offset: u64, len: usize) -> Result<()> {
+        let cs = u64::from(self.vol.chunk_size);
+        let end = offset + len as u64;
+        let (first, stop) = (offset.div_ceil(cs), end / cs);
+        if first >= stop {
+            return self.zero_in_windows(offset, len, false);
+        }
+        if offset < first * cs {
+            self.zero_in_windows(offset, (first * cs - offset) as usize, false)?;
+        }
+        if stop * cs < end {
+            self.zero_in_windows(stop * cs, (end - stop * cs) as usize, false)?;
+        }
+        let per_window = (ZERO_WINDOW as u64 / cs).max(1);
+        let stop_key = chunk_key(self.vol.id, stop);
+        let mut from = first;
+        while from < stop {
+            let keys =
+                self.store
+                    .range_keys(&chunk_key(self.vol.id, from), &stop_key, LIST_PAGE)?;
+            let chunks: Vec<u64> = keys
+                .iter()
+                .filter_map(|k| chunk_index(self.vol.id, k))
+                .filter(|c| (from..stop).contains(c))
+                .collect();
+            let mut rest = &chunks[..];
+            while let Some(&a) = rest.first() {
+                let n = rest.iter().take_while(|&&c| c < a + per_window).count();
+                let b = rest[n - 1] + 1;
+                self.apply_many(&[Patch {
+                    offset: a * cs,
+                    len: ((b - a) * cs) as usize,
+                    data: None,
+                    keep: false,
+                }])?;
+                rest = &rest[n..];
+            }
+            match chunks.last() {
+                Some(&c) if keys.len() == LIST_PAGE => from = c + 1,
+                _ => break,
+            }
         }
         Ok(())
     }
@@ -341,29 +410,51 @@ impl Blocks {
         Ok(self.store.sync()?)
     }
 
-    /// Allocation of `[offset, offset + len)`, chunk by chunk, adjacent
-    /// extents of one kind merged.
+    /// Allocation of `[offset, offset + len)` or of a part of it from
+    /// `offset` on: the chunks a listing shows that still hold data, holes
+    /// between them, adjacent extents of one kind merged. Its cost follows
+    /// the chunks stored there (at most [`MAX_STATUS_LISTED`]; a listing
+    /// cut short answers up to its last chunk), not the range's length.
     pub fn status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         let cs = u64::from(self.vol.chunk_size);
-        let first = offset / cs;
-        let last = (offset + len).div_ceil(cs);
-        let keys: Vec<Vec<u8>> = (first..last).map(|c| chunk_key(self.vol.id, c)).collect();
+        let end = offset + len;
+        let (first, last) = (offset / cs, end.div_ceil(cs));
+        let listed = self.store.range_keys(
+            &chunk_key(self.vol.id, first),
+            &chunk_key(self.vol.id, last),
+            MAX_STATUS_LISTED,
+        )?;
+        let chunks: Vec<u64> = listed
+            .iter()
+            .filter_map(|k| chunk_index(self.vol.id, k))
+            .filter(|c| (first..last).contains(c))
+            .collect();
+        let end = match chunks.last() {
+            Some(&c) if listed.len() == MAX_STATUS_LISTED => end.min((c + 1) * cs),
+            _ => end,
+        };
+        // A listing may show chunks deleted recently: ask which hold data.
+        let keys: Vec<Vec<u8>> = chunks.iter().map(|&c| chunk_key(self.vol.id, c)).collect();
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        let present = self.store.exists(&refs)?;
+        let held = if refs.is_empty() {
+            Vec::new()
+        } else {
+            self.store.exists(&refs)?
+        };
         let mut out: Vec<Extent> = Vec::new();
-        for (i, has) in present.into_iter().enumerate() {
-            let c = first + i as u64;
-            let start = (c * cs).max(offset);
-            let end = ((c + 1) * cs).min(offset + len);
-            let e = Extent {
-                len: end - start,
-                hole: !has,
-            };
-            match out.last_mut() {
-                Some(l) if l.hole == e.hole => l.len += e.len,
-                _ => out.push(e),
-            }
+        let mut push = |len: u64, hole: bool| match out.last_mut() {
+            Some(l) if l.hole == hole => l.len += len,
+            _ if len > 0 => out.push(Extent { len, hole }),
+            _ => {}
+        };
+        let mut pos = offset;
+        for (&c, _) in chunks.iter().zip(&held).filter(|(_, &h)| h) {
+            let (a, z) = ((c * cs).max(offset), ((c + 1) * cs).min(end));
+            push(a.saturating_sub(pos), true);
+            push(z - a, false);
+            pos = z;
         }
+        push(end - pos, true);
         Ok(out)
     }
 }
@@ -546,6 +637,80 @@ mod tests {
                 hole: true
             }]
         );
+    }
+
+    /// Long zeroings (the listing path) and allocation reports against a
+    /// byte array: a chunk is a hole exactly when it holds only zeros.
+    #[test]
+    fn long_zeroings_and_status_match_the_oracle() {
+        let (cs, size) = (4096usize, 40u64 << 20);
+        let (_, b) = blocks(size, cs as u32);
+        let mut oracle = vec![0u8; size as usize];
+        let mut rng = SmallRng::seed_from_u64(11);
+        for round in 0..120 {
+            let off = rng.gen_range(0..size - 1);
+            let room = size - off;
+            if rng.gen_range(0..3) == 0 && room > ZERO_WINDOW as u64 {
+                let len = rng.gen_range(ZERO_WINDOW as u64 + 1..=room) as usize;
+                b.zero(off, len, false, false).expect("long zero");
+                oracle[off as usize..off as usize + len].fill(0);
+            } else {
+                let len = rng.gen_range(1..=room.min(3 * cs as u64)) as usize;
+                let data: Vec<u8> = (0..len).map(|_| rng.gen_range(0..2)).collect();
+                b.write(off, &data, false).expect("write");
+                oracle[off as usize..off as usize + len].copy_from_slice(&data);
+            }
+            let (a, z) = (rng.gen_range(0..size - 1), size);
+            let mut pos = a;
+            for e in b.status(a, z - a).expect("status") {
+                assert!(e.len > 0, "round {round}");
+                for at in (pos..pos + e.len).step_by(1 << 10) {
+                    let c = at as usize / cs * cs;
+                    let zeros = oracle[c..c + cs].iter().all(|&x| x == 0);
+                    assert_eq!(e.hole, zeros, "round {round}, byte {at}");
+                }
+                pos += e.len;
+            }
+            assert_eq!(pos, z, "round {round}: the whole range answered");
+        }
+        assert_eq!(b.read(0, size as usize).expect("read all"), oracle);
+    }
+
+    /// `mkfs` trims a whole device and `qemu-img map` asks about all of it:
+    /// on a large, mostly empty volume both cost what it holds.
+    #[test]
+    fn trims_and_status_of_a_large_sparse_volume_cost_what_it_holds() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (store, b) = blocks(1 << 40, 4096);
+        let marks = [4096u64 * 3 + 10, 1 << 30, (4 << 30) - 4096];
+        for &at in &marks {
+            b.write(at, b"data", false).expect("write");
+        }
+        // The longest NBD request, 4 GiB less one block, whole chunks.
+        let max = (4u64 << 30) - 4096;
+        let st = b.status(0, max).expect("status");
+        let lens: Vec<(u64, bool)> = st.iter().map(|e| (e.len, e.hole)).collect();
+        assert_eq!(
+            lens,
+            [
+                (3 * 4096, true),
+                (4096, false),
+                ((1 << 30) - 4 * 4096, true),
+                (4096, false),
+                (max - (1 << 30) - 4096, true),
+            ]
+        );
+        b.zero(4096, (max - 4096) as usize, false, false)
+            .expect("trim");
+        assert_eq!(b.read(marks[0], 4).expect("read"), [0; 4]);
+        assert_eq!(b.read(marks[1], 4).expect("read"), [0; 4]);
+        assert_eq!(b.read(marks[2], 4).expect("read"), b"data", "past the trim");
+        assert!(
+            store.exists_keys.load(Relaxed) < 10_000,
+            "{} keys probed",
+            store.exists_keys.load(Relaxed)
+        );
+        assert_eq!(store.len(), 2, "one chunk and the volume record");
     }
 
     /// Two writers of different halves of the same chunks, many times: both

@@ -38,8 +38,6 @@ pub const MAX_BATCH_REQUESTS: usize = 64;
 pub const MAX_PAYLOAD: u32 = 32 << 20;
 /// Largest option a client may send (export names and queries are short).
 const MAX_OPTION: u32 = 64 << 10;
-/// Chunks one BLOCK_STATUS looks at (it may answer less than asked).
-const MAX_STATUS_CHUNKS: u64 = 16_384;
 
 /// Names of the commands counted in [`Stats`], in order.
 pub const COMMAND_NAMES: [&str; 7] = [
@@ -771,8 +769,6 @@ impl NbdServer {
         len: u64,
         req_one: bool,
     ) -> std::result::Result<Vec<u8>, (u32, String)> {
-        let cs = u64::from(s.blocks.volume().chunk_size);
-        let len = len.min(MAX_STATUS_CHUNKS * cs - offset % cs);
         let mut extents = s
             .blocks
             .status(offset, len)

@@ -55,6 +55,13 @@ pub fn chunk_key(id: u64, index: u64) -> Vec<u8> {
     k
 }
 
+/// The index of the chunk of volume `id` that `key` names, if it names one.
+pub fn chunk_index(id: u64, key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(CHUNK_PREFIX)?;
+    let rest = rest.strip_prefix(&id.to_be_bytes()[..])?;
+    Some(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?))
+}
+
 fn check_name(name: &str) -> Result<()> {
     client::records::check_name("volume name", name).map_err(NbdError::BadVolume)
 }
@@ -194,20 +201,27 @@ pub fn delete(store: &dyn Store, name: &str) -> Result<()> {
     delete_chunks(store, vol.id, 0)
 }
 
-/// Deletes the chunks of volume `id` from index `from` on.
+/// Deletes the chunks of volume `id` from index `from` on, a page of keys
+/// at a time (values are never read).
 fn delete_chunks(store: &dyn Store, id: u64, from: u64) -> Result<()> {
-    let start = chunk_key(id, from);
+    const PAGE: usize = 1024;
+    let mut start = chunk_key(id, from);
     let end = match id.checked_add(1) {
         Some(next) => chunk_key(next, 0),
         None => [CHUNK_PREFIX, &[0xff; 17]].concat(),
     };
     loop {
-        let page = store.range(&start, &end, 256)?;
-        if page.is_empty() {
-            return Ok(());
-        }
-        let ops: Vec<client::WriteOp<'_>> = page.iter().map(|(k, _)| (&k[..], None)).collect();
+        // A listing may show keys deleted recently: page on from the last.
+        let page = store.range_keys(&start, &end, PAGE)?;
+        let ops: Vec<client::WriteOp<'_>> = page.iter().map(|k| (&k[..], None)).collect();
         store.write(&ops)?;
+        match page.last() {
+            Some(last) if page.len() == PAGE => {
+                start = last.to_vec();
+                start.push(0);
+            }
+            _ => return Ok(()),
+        }
     }
 }
 
