@@ -5,7 +5,7 @@
 //! reads from every replica that is up with the newest copy winning and
 //! read repair (see `read.rs`), failover, down-node detection with background retry, batches
 //! split per node and sent in parallel, ordered range reads merged across
-//! nodes, anti-entropy repair and cluster status; [`Store`] is what the
+//! nodes, anti-entropy repair and cluster status, [`lease`]s for one holder at a time; [`Store`] is what the
 //! adapters build on, with an in-memory model ([`MemStore`]) for their tests. It talks RESP to nodes over
 //! pooled, timed-out TCP connections and knows nothing of the engine.
 
@@ -16,6 +16,7 @@ mod config;
 mod conn;
 mod error;
 mod kv;
+pub mod lease;
 mod range;
 mod read;
 pub mod records;

@@ -10,7 +10,6 @@ use clap::{Args, Subcommand};
 use client::{Cluster, Store};
 use fs::fuse::FuseFs;
 use fs::layout::Keys;
-use fs::lease::Lease;
 use fs::registry::{self, DEFAULT_CHUNK_SIZE};
 use fs::FileSystem;
 
@@ -194,14 +193,8 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
             .into())
         }
     };
-    let holder = format!(
-        "{} pid {}",
-        std::fs::read_to_string("/etc/hostname")
-            .unwrap_or_default()
-            .trim(),
-        std::process::id()
-    );
-    let lease = Lease::acquire(store.clone(), Keys::new(record.id), &holder, args.force)?;
+    let holder = this_process();
+    let lease = fs::lease::acquire(store.clone(), &Keys::new(record.id), &holder, args.force)?;
     let fs = Arc::new(FileSystem::open(store.clone(), &record)?);
     fs.fence_with(lease.valid());
     let writer = match args.write_behind.as_str() {
@@ -295,4 +288,15 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     served.map_err(|e| format!("serving FUSE: {e}"))?;
     eprintln!("lightstore mount: unmounted; every write is durable");
     Ok(())
+}
+
+/// This process as a lease holder names it: host and pid.
+pub(crate) fn this_process() -> String {
+    format!(
+        "{} pid {}",
+        std::fs::read_to_string("/etc/hostname")
+            .unwrap_or_default()
+            .trim(),
+        std::process::id()
+    )
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use client::{Cluster, Store};
 use nbd::volume::{self, DEFAULT_CHUNK_SIZE};
-use nbd::NbdServer;
+use nbd::{Holder, NbdServer};
 
 use crate::cluster_cmd::ClusterTarget;
 
@@ -40,6 +40,10 @@ pub struct NbdArgs {
     /// errors, connections) in the Prometheus format on this address.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Serve volumes whose lease another adapter holds (one that is known
+    /// to be dead: two adapters writing one volume can lose writes).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Flags of `lightstore volume`.
@@ -65,14 +69,24 @@ enum VolumeAction {
     List,
     /// Show a volume's record.
     Info { name: String },
-    /// Grow or shrink a volume (shrinking drops the data past the new end).
+    /// Grow or shrink a volume (shrinking drops the data past the new end;
+    /// refused while an adapter serves it, unless --force).
     Resize {
         name: String,
         #[arg(value_parser = server::parse_size)]
         size: u64,
+        /// Shrink even while an adapter serves the volume.
+        #[arg(long)]
+        force: bool,
     },
-    /// Delete a volume and its data.
-    Delete { name: String },
+    /// Delete a volume and its data (refused while an adapter serves it,
+    /// unless --force).
+    Delete {
+        name: String,
+        /// Delete even while an adapter serves the volume.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn chunk_size(v: Option<u64>) -> Result<u32, Box<dyn std::error::Error>> {
@@ -108,9 +122,11 @@ pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
             Some(v) => print_volume(&v),
             None => return Err(format!("no volume named {name}").into()),
         },
-        VolumeAction::Resize { name, size } => print_volume(&volume::resize(store, &name, size)?),
-        VolumeAction::Delete { name } => {
-            volume::delete(store, &name)?;
+        VolumeAction::Resize { name, size, force } => {
+            print_volume(&volume::resize(store, &name, size, force)?)
+        }
+        VolumeAction::Delete { name, force } => {
+            volume::delete(store, &name, force)?;
             println!("deleted {name}");
         }
     }
@@ -140,7 +156,16 @@ pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
         .max_blocking_threads(64)
         .enable_all()
         .build()?;
-    let server = NbdServer::new(cluster, args.export.clone());
+    let holder = Holder {
+        name: crate::fs_cmd::this_process(),
+        force: args.force,
+    };
+    let server = NbdServer::new(cluster, args.export.clone(), holder);
+    // The default export is served from the start: a second adapter for
+    // it stops here, with the first one's name.
+    if let Some(name) = &args.export {
+        server.export(name)?;
+    }
     runtime.block_on(async move {
         let tcp_addr = match (&args.listen, &args.unix) {
             (Some(a), _) => Some(a.clone()),

@@ -375,6 +375,69 @@ fn sigterm_stops_cleanly_and_keeps_the_data() {
     );
 }
 
+/// One adapter serves a volume (partial-chunk writes lock per process):
+/// a second is refused with the first one's name, at start for its
+/// default export and at the handshake for others; a served volume is
+/// not deleted or shrunk; a clean stop lets the next adapter in at once.
+#[test]
+fn one_adapter_serves_a_volume_at_a_time() {
+    if !have_tools(&["nbdinfo", "qemu-io"]) {
+        return;
+    }
+    let mut s = setup("16M");
+    let nodes = format!("127.0.0.1:{}", s._node.port);
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x17 0 1M", &s.nbd.uri("vol1")],
+    );
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_lightstore"))
+        .args(["nbd", "--nodes", &nodes, "--unix"])
+        .arg(s.tmp.path().join("second.sock"))
+        .args(["--export", "vol1"])
+        .output()
+        .expect("second adapter");
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "a second adapter started");
+    assert!(err.contains("served by another adapter"), "{err}");
+    // Without a default export it starts, and refuses vol1 to clients.
+    let other = NbdProc::start(&nodes, &s.tmp.path().join("other.sock"), &[]);
+    let refused = std::process::Command::new("nbdinfo")
+        .arg(other.uri("vol1"))
+        .output()
+        .expect("nbdinfo");
+    assert!(!refused.status.success(), "vol1 served twice");
+    let volume = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lightstore"))
+            .args(["volume", "--nodes", &nodes])
+            .args(args)
+            .output()
+            .expect("lightstore volume")
+    };
+    for args in [&["delete", "vol1"][..], &["resize", "vol1", "1M"]] {
+        let out = volume(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} went through");
+        assert!(err.contains("is being served"), "{args:?}: {err}");
+    }
+    assert_eq!(
+        s.nbd.stop(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        s.nbd.log_text()
+    );
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x17 0 1M", &other.uri("vol1")],
+    );
+    drop(other);
+    let out = volume(&["delete", "vol1", "--force"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Many connections at once (more than the tokio blocking pool would hold
 /// if each kept threads from it), a new one still served, and a SIGTERM
 /// with all of them open drains, flushes and exits 0.

@@ -12,13 +12,14 @@
 //! one chunk at once can lose one of the writes. Serve a volume from one
 //! adapter at a time (several connections to it are fine).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use client::{Store, WriteOp};
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::error::Result;
+use crate::error::{NbdError, Result};
 use crate::volume::{chunk_index, chunk_key, Volume};
 
 /// Stripe locks for read-modify-write of chunks.
@@ -53,6 +54,9 @@ pub struct Blocks {
     store: Arc<dyn Store>,
     vol: Volume,
     stripes: Box<[Mutex<()>]>,
+    /// The serving lease's [`client::lease::Lease::valid`]: while it is
+    /// false, writes are refused (another adapter may be writing).
+    fence: Option<Arc<AtomicBool>>,
 }
 
 /// One write (`data`) or zeroing (`None`) of a batch.
@@ -95,6 +99,16 @@ impl Blocks {
             store,
             vol,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            fence: None,
+        }
+    }
+
+    /// Block I/O on `vol` that refuses writes once `valid` turns false
+    /// (the serving lease was lost).
+    pub fn fenced(store: Arc<dyn Store>, vol: Volume, valid: Arc<AtomicBool>) -> Blocks {
+        Blocks {
+            fence: Some(valid),
+            ..Blocks::new(store, vol)
         }
     }
 
@@ -291,6 +305,16 @@ impl Blocks {
     /// chunk). Whole chunks start from zeros (never read); all-zero results
     /// are deleted.
     pub fn apply_many(&self, patches: &[Patch<'_>]) -> Result<()> {
+        if self
+            .fence
+            .as_ref()
+            .is_some_and(|v| !v.load(Ordering::Acquire))
+        {
+            return Err(NbdError::Held(format!(
+                "volume {} was taken over by another adapter, or its lease could not be renewed: writes refused",
+                self.vol.name
+            )));
+        }
         let cs = self.chunk_size();
         let pieces: Vec<Vec<Piece>> = patches
             .iter()
@@ -761,6 +785,20 @@ mod tests {
         b.write(8192, &[1; 10], false).expect("write");
         b.zero(0, 1 << 20, false, false).expect("trim");
         assert_eq!(store.len(), 1, "only the volume record is left");
+    }
+
+    #[test]
+    fn a_volume_whose_lease_is_lost_refuses_writes() {
+        let store = Arc::new(MemStore::new());
+        let vol = volume::create(&*store, "t", 1 << 20, 4096).expect("create");
+        let valid = Arc::new(AtomicBool::new(true));
+        let b = Blocks::fenced(store, vol, valid.clone());
+        b.write(0, &[1; 100], false).expect("while held");
+        valid.store(false, Ordering::Release);
+        let e = b.write(0, &[2; 100], false).expect_err("lost");
+        assert_eq!(e.errno(), crate::error::errno::EPERM, "{e}");
+        assert!(b.zero(0, 4096, false, false).is_err());
+        assert_eq!(b.read(0, 100).expect("reads go on"), [1; 100]);
     }
 
     #[test]

@@ -18,6 +18,10 @@ pub enum NbdError {
     /// The client broke the protocol; the connection is closed.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// Another adapter serves the volume (its lease is live), or took it
+    /// over from this one: this one neither serves nor changes it.
+    #[error("{0}")]
+    Held(String),
 }
 
 /// Result with [`NbdError`].
@@ -25,7 +29,8 @@ pub type Result<T> = std::result::Result<T, NbdError>;
 
 /// NBD error codes (errno values on the wire).
 pub mod errno {
-    /// Operation not permitted (read-only export).
+    /// Operation not permitted (the volume was taken over by another
+    /// adapter).
     pub const EPERM: u32 = 1;
     /// I/O error.
     pub const EIO: u32 = 5;
@@ -53,6 +58,7 @@ impl NbdError {
                 errno::ENOSPC
             }
             NbdError::BadVolume(_) | NbdError::NoVolume(_) => errno::EINVAL,
+            NbdError::Held(_) => errno::EPERM,
             _ => errno::EIO,
         }
     }

@@ -18,5 +18,5 @@ pub mod volume;
 
 pub use blocks::{Blocks, Extent};
 pub use error::{NbdError, Result};
-pub use server::NbdServer;
+pub use server::{Holder, NbdServer};
 pub use volume::Volume;

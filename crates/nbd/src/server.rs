@@ -17,10 +17,11 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, IoSlice, Read};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use client::lease::{Lease, LeaseError};
 use client::Store;
 use parking_lot::Mutex;
 use socket2::Socket;
@@ -29,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::blocks::{Blocks, Patch};
 use crate::error::{errno, NbdError, Result};
 use crate::proto::{self, cflag, chunk, cmd, opt, rep, tflag, Request, REQUEST_LEN};
-use crate::volume;
+use crate::volume::{self, Volume};
 
 /// Requests of one connection run as one batch, at most (see
 /// [`NbdServer::read_batch`]).
@@ -67,10 +68,24 @@ pub struct Stats {
     pub connections: AtomicU64,
 }
 
+/// Who serves: the name a refused adapter is shown, and whether to take
+/// volumes over from adapters that hold their leases.
+#[derive(Clone, Debug)]
+pub struct Holder {
+    /// Shown to an adapter refused a volume this one serves.
+    pub name: String,
+    /// Take each volume's lease whoever holds it (`--force`).
+    pub force: bool,
+}
+
 /// The server: the cluster, the exports opened so far, the default export.
 pub struct NbdServer {
     store: Arc<dyn Store>,
     exports: Mutex<HashMap<String, Arc<Blocks>>>,
+    /// The serving lease of every volume opened so far, by volume id: held
+    /// until the server stops.
+    leases: Mutex<HashMap<u64, Lease>>,
+    holder: Holder,
     default_export: Option<String>,
     /// Counters.
     pub stats: Stats,
@@ -90,11 +105,19 @@ struct Session {
 }
 
 impl NbdServer {
-    /// A server over `store`; `default_export` answers the empty export name.
-    pub fn new(store: Arc<dyn Store>, default_export: Option<String>) -> Arc<NbdServer> {
+    /// A server over `store`; `default_export` answers the empty export
+    /// name. It serves a volume only while it holds the volume's lease,
+    /// taken as `holder` when a client first opens it.
+    pub fn new(
+        store: Arc<dyn Store>,
+        default_export: Option<String>,
+        holder: Holder,
+    ) -> Arc<NbdServer> {
         Arc::new(NbdServer {
             store,
             exports: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
+            holder,
             default_export,
             stats: Stats::default(),
             in_flight: Arc::new(AtomicU64::new(0)),
@@ -113,8 +136,45 @@ impl NbdServer {
         Ok(self.store.sync()?)
     }
 
+    /// Lets go of every volume's lease (at shutdown, after the last
+    /// request), so another adapter may serve them at once.
+    fn release_leases(&self) {
+        for (_, lease) in self.leases.lock().drain() {
+            if let Err(e) = lease.release() {
+                tracing::warn!(error = %e, "could not release a volume's lease (it expires by itself)");
+            }
+        }
+    }
+
+    /// The lease-validity flag of volume `vol`, taking its lease first if
+    /// this server does not hold it yet.
+    fn lease_of(&self, vol: &Volume) -> Result<Arc<AtomicBool>> {
+        let mut leases = self.leases.lock();
+        if let Some(l) = leases.get(&vol.id) {
+            return Ok(l.valid());
+        }
+        let lease = Lease::acquire(
+            self.store.clone(),
+            volume::lease_key(vol.id),
+            &self.holder.name,
+            &format!("volume {}", vol.name),
+            self.holder.force,
+        )
+        .map_err(|e| match e {
+            LeaseError::Held(h) => NbdError::Held(format!(
+                "volume {} is served by another adapter ({h}); stop it there, or start this one with --force if it is dead",
+                vol.name
+            )),
+            LeaseError::Client(c) => c.into(),
+            LeaseError::Thread(e) => NbdError::Io(e),
+        })?;
+        let valid = lease.valid();
+        leases.insert(vol.id, lease);
+        Ok(valid)
+    }
+
     /// The export `name` (the default export for ""), opened once.
-    fn export(&self, name: &str) -> Result<Option<Arc<Blocks>>> {
+    pub fn export(&self, name: &str) -> Result<Option<Arc<Blocks>>> {
         let name = match (name, &self.default_export) {
             ("", Some(d)) => d.as_str(),
             ("", None) => return Ok(None),
@@ -134,7 +194,8 @@ impl NbdServer {
                 return Ok(Some(b.clone()));
             }
         }
-        let blocks = Arc::new(Blocks::new(store, vol));
+        let valid = self.lease_of(&vol)?;
+        let blocks = Arc::new(Blocks::fenced(store, vol, valid));
         exports.insert(name.to_string(), blocks.clone());
         Ok(Some(blocks))
     }
@@ -317,8 +378,11 @@ impl NbdServer {
                             continue;
                         }
                         Err(e) => {
-                            wr.write_all(&error(rep::ERR_INVALID, &e.to_string()))
-                                .await?;
+                            let code = match e {
+                                NbdError::Held(_) => rep::ERR_POLICY,
+                                _ => rep::ERR_INVALID,
+                            };
+                            wr.write_all(&error(code, &e.to_string())).await?;
                             continue;
                         }
                     };
@@ -1066,8 +1130,16 @@ impl NbdServer {
         {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        let drained = self.in_flight() == 0 && self.connections.load(Ordering::Acquire) == 0;
         let this = self.clone();
-        off_runtime(move || this.flush()).await?
+        off_runtime(move || this.flush()).await??;
+        // A connection still open past the drain may yet write: then the
+        // leases are left to expire instead.
+        if drained {
+            let this = self.clone();
+            off_runtime(move || this.release_leases()).await?;
+        }
+        Ok(())
     }
 }
 

@@ -17,6 +17,9 @@ use crate::error::{NbdError, Result};
 
 /// Prefix of every volume record.
 const META_PREFIX: &[u8] = b"{lightstore:volumes}/";
+/// Prefix of every serving lease: under the records' hash tag, outside
+/// their listing (`#` sorts before `/`).
+const LEASE_PREFIX: &[u8] = b"{lightstore:volumes}#lease/";
 /// Prefix of every chunk key.
 const CHUNK_PREFIX: &[u8] = b"blk/";
 /// Default chunk size: the block size of the file systems and databases
@@ -44,6 +47,28 @@ pub struct Volume {
 
 fn meta_key(name: &str) -> Vec<u8> {
     [META_PREFIX, name.as_bytes()].concat()
+}
+
+/// The key of the lease of the adapter serving volume `id` (see
+/// [`client::lease`]): one adapter serves a volume at a time, since its
+/// partial-chunk writes take per-process locks.
+pub fn lease_key(id: u64) -> Vec<u8> {
+    [LEASE_PREFIX, format!("{id:016x}").as_bytes()].concat()
+}
+
+/// Refuses, unless `force`, to change volume `vol` under an adapter that
+/// serves it.
+fn check_not_served(store: &dyn Store, vol: &Volume, force: bool) -> Result<()> {
+    if force {
+        return Ok(());
+    }
+    match client::lease::live_holder(store, &lease_key(vol.id))? {
+        Some(h) => Err(NbdError::Held(format!(
+            "volume {} is being served ({h}); stop that adapter first, or give --force",
+            vol.name
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The key of chunk `index` of volume `id`.
@@ -171,11 +196,13 @@ pub fn list(store: &dyn Store) -> Result<Vec<Volume>> {
 }
 
 /// Changes a volume's size. Shrinking deletes the chunks past the new end
-/// first, so growing again reads zeros there.
-pub fn resize(store: &dyn Store, name: &str, size: u64) -> Result<Volume> {
+/// first, so growing again reads zeros there; it is refused while an
+/// adapter serves the volume, unless `force`.
+pub fn resize(store: &dyn Store, name: &str, size: u64, force: bool) -> Result<Volume> {
     check_size(size)?;
     let mut vol = open(store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
     if size < vol.size {
+        check_not_served(store, &vol, force)?;
         let first_gone = size.div_ceil(u64::from(vol.chunk_size));
         delete_chunks(store, vol.id, first_gone)?;
         // The chunk holding the new end keeps bytes past it: zero them.
@@ -194,9 +221,11 @@ pub fn resize(store: &dyn Store, name: &str, size: u64) -> Result<Volume> {
     Ok(vol)
 }
 
-/// Deletes a volume: its record, then its chunks.
-pub fn delete(store: &dyn Store, name: &str) -> Result<()> {
+/// Deletes a volume: its record, then its chunks. Refused while an adapter
+/// serves it (its writes would outlive the record), unless `force`.
+pub fn delete(store: &dyn Store, name: &str, force: bool) -> Result<()> {
     let vol = open(store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
+    check_not_served(store, &vol, force)?;
     store.delete(&meta_key(name))?;
     delete_chunks(store, vol.id, 0)
 }
@@ -263,7 +292,7 @@ mod tests {
             .expect("chunk");
         s.put(&chunk_key(v.id, 1), &vec![7u8; CS as usize])
             .expect("chunk");
-        let small = resize(&s, "vol1", 100 << 10).expect("shrink");
+        let small = resize(&s, "vol1", 100 << 10, false).expect("shrink");
         assert_eq!(small.size, 100 << 10);
         assert!(
             s.get(&chunk_key(v.id, 15)).expect("get").is_none(),
@@ -275,7 +304,7 @@ mod tests {
             .expect("chunk 1 kept");
         let tail = (100 << 10) - CS as usize;
         assert!(kept[..tail].iter().all(|&b| b == 7) && kept[tail..].iter().all(|&b| b == 0));
-        delete(&s, "vol1").expect("delete");
+        delete(&s, "vol1", false).expect("delete");
         assert_eq!(open(&s, "vol1").expect("open"), None);
         assert!(s.get(&chunk_key(v.id, 1)).expect("get").is_none());
     }

@@ -1,0 +1,276 @@
+//! Leases: one holder at a time for something kept in the cluster (a
+//! mounted file system, a served volume). A holder writes a lease record
+//! under the thing's lease key (owner, expiry, holder) and renews it every
+//! [`RENEW`]; another is refused while a lease not its own has not
+//! expired. A crashed holder's lease expires within [`TTL`]; `force`
+//! takes over a lease known to be dead. Two holders racing both write and
+//! then read back: the cluster orders the two writes, so exactly one reads
+//! its own and proceeds.
+//!
+//! Fencing: the lease is [`Lease::valid`] only while its holder knows it
+//! holds it. A renewal that finds another owner (a forced takeover), or no
+//! successful renewal for longer than [`TTL`] minus a margin (another may
+//! take over once it expires), clears it, and the holder must then refuse
+//! changes instead of writing next to a new owner.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::ClientError;
+use crate::store::Store;
+
+/// How long a lease lasts without renewal.
+pub const TTL: Duration = Duration::from_secs(15);
+/// How often a holder renews its lease.
+pub const RENEW: Duration = Duration::from_secs(5);
+/// How long before expiry a holder that could not renew stops writing.
+const MARGIN: Duration = Duration::from_secs(3);
+
+/// Why a lease was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// Someone else holds it (the text says who, and for how long).
+    #[error("{0}")]
+    Held(String),
+    /// The cluster failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The renewing thread could not start.
+    #[error("cannot start the lease thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// An id no other lease owner has: the time, the process and a counter,
+/// hashed.
+fn unique_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let seed = [nanos, u64::from(std::process::id()), n];
+    let bytes: Vec<u8> = seed.iter().flat_map(|x| x.to_le_bytes()).collect();
+    xxhash_rust::xxh64::xxh64(&bytes, 0x004c_534c_4541_5345)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+struct Record {
+    owner: String,
+    expires_ms: u64,
+    holder: String,
+}
+
+impl Record {
+    fn encode(&self) -> String {
+        format!(
+            "owner={}\nexpires={}\nholder={}\n",
+            self.owner, self.expires_ms, self.holder
+        )
+    }
+
+    fn decode(b: &[u8]) -> Option<Record> {
+        let text = std::str::from_utf8(b).ok()?;
+        let field = |f: &str| crate::records::field(text, f);
+        Some(Record {
+            owner: field("owner")?.to_string(),
+            expires_ms: field("expires")?.parse().ok()?,
+            holder: field("holder")?.to_string(),
+        })
+    }
+}
+
+fn read(store: &dyn Store, key: &[u8]) -> Result<Option<Record>, ClientError> {
+    Ok(store.get(key)?.and_then(|v| Record::decode(&v)))
+}
+
+/// Who holds an unexpired lease under `key`, if anyone: the holder's name
+/// and how long the lease has left.
+pub fn live_holder(store: &dyn Store, key: &[u8]) -> Result<Option<String>, ClientError> {
+    Ok(read(store, key)?
+        .filter(|r| r.expires_ms > now_ms())
+        .map(|r| {
+            let left = r.expires_ms.saturating_sub(now_ms()) / 1000;
+            format!("by {}, lease valid for {left} s more", r.holder)
+        }))
+}
+
+/// Renews the lease if it is still `owner`'s: false if another took it.
+fn renew(
+    store: &dyn Store,
+    key: &[u8],
+    owner: &str,
+    record: &dyn Fn(&str) -> Record,
+) -> Result<bool, ClientError> {
+    if read(store, key)?.is_some_and(|r| r.owner != owner) {
+        return Ok(false);
+    }
+    store.put(key, record(owner).encode().as_bytes())?;
+    Ok(true)
+}
+
+/// A held lease, renewed in the background until released or dropped.
+pub struct Lease {
+    store: Arc<dyn Store>,
+    key: Vec<u8>,
+    owner: String,
+    stop: Arc<AtomicBool>,
+    valid: Arc<AtomicBool>,
+    renewer: Option<JoinHandle<()>>,
+}
+
+impl Lease {
+    /// Takes the lease under `key` as `holder` (a name shown to whoever is
+    /// refused); `force` takes it whoever holds it. `what` names the thing
+    /// in log lines ("the mount", "volume vol1").
+    pub fn acquire(
+        store: Arc<dyn Store>,
+        key: Vec<u8>,
+        holder: &str,
+        what: &str,
+        force: bool,
+    ) -> Result<Lease, LeaseError> {
+        if !force {
+            if let Some(h) = live_holder(&*store, &key)? {
+                return Err(LeaseError::Held(h));
+            }
+        }
+        let owner = format!("{:016x}", unique_id());
+        let holder = holder.to_string();
+        let record = move |owner: &str| Record {
+            owner: owner.to_string(),
+            expires_ms: now_ms() + TTL.as_millis() as u64,
+            holder: holder.clone(),
+        };
+        store.put(&key, record(&owner).encode().as_bytes())?;
+        match read(&*store, &key)? {
+            Some(r) if r.owner == owner => {}
+            other => {
+                return Err(LeaseError::Held(format!(
+                    "taken at the same moment by {}",
+                    other.map_or("someone unknown".into(), |r| r.holder)
+                )))
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let valid = Arc::new(AtomicBool::new(true));
+        let renewer = {
+            let (store, key, owner, stop, valid) = (
+                store.clone(),
+                key.clone(),
+                owner.clone(),
+                stop.clone(),
+                valid.clone(),
+            );
+            let what = what.to_string();
+            std::thread::Builder::new()
+                .name("lease".into())
+                .spawn(move || {
+                    let step = Duration::from_millis(100);
+                    let mut waited = Duration::ZERO;
+                    let mut renewed = std::time::Instant::now();
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(step);
+                        waited += step;
+                        if renewed.elapsed() > TTL - MARGIN && valid.swap(false, Ordering::Relaxed) {
+                            tracing::error!("the lease of {what} could not be renewed in time: refusing changes until it is");
+                        }
+                        if waited < RENEW {
+                            continue;
+                        }
+                        waited = Duration::ZERO;
+                        match renew(&*store, &key, &owner, &record) {
+                            Ok(true) => {
+                                renewed = std::time::Instant::now();
+                                if !valid.swap(true, Ordering::Relaxed) {
+                                    tracing::warn!("the lease of {what} is renewed: changes accepted again");
+                                }
+                            }
+                            Ok(false) => {
+                                tracing::error!("{what} was taken over elsewhere (--force): refusing changes here");
+                                valid.store(false, Ordering::Relaxed);
+                                return;
+                            }
+                            Err(e) => tracing::error!(error = %e, "cannot renew the lease of {what}"),
+                        }
+                    }
+                })
+                .map_err(LeaseError::Thread)?
+        };
+        Ok(Lease {
+            store,
+            key,
+            owner,
+            stop,
+            valid,
+            renewer: Some(renewer),
+        })
+    }
+
+    /// True while this holder knows it holds the lease (see the module
+    /// doc); the holder refuses changes while it is false.
+    pub fn valid(&self) -> Arc<AtomicBool> {
+        self.valid.clone()
+    }
+
+    /// Stops renewing and deletes the lease (if still ours), so the next
+    /// holder gets in at once.
+    pub fn release(mut self) -> Result<(), ClientError> {
+        self.stop_renewing();
+        if read(&*self.store, &self.key)?.is_some_and(|r| r.owner == self.owner) {
+            self.store.delete(&self.key)?;
+        }
+        Ok(())
+    }
+
+    fn stop_renewing(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.renewer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.stop_renewing();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+
+    #[test]
+    fn one_holder_at_a_time_until_released_or_forced() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
+        let key = b"lease/x".to_vec();
+        let a = Lease::acquire(store.clone(), key.clone(), "a", "x", false).expect("first");
+        match Lease::acquire(store.clone(), key.clone(), "b", "x", false) {
+            Err(LeaseError::Held(who)) => assert!(who.starts_with("by a,"), "{who}"),
+            other => panic!("a second holder got {:?}", other.map(|_| ())),
+        }
+        assert!(live_holder(&*store, &key).expect("holder").is_some());
+        a.release().expect("release");
+        assert!(live_holder(&*store, &key).expect("holder").is_none());
+        let b = Lease::acquire(store.clone(), key.clone(), "b", "x", false).expect("after release");
+        let c = Lease::acquire(store.clone(), key.clone(), "c", "x", true).expect("forced");
+        assert!(
+            b.valid().load(Ordering::Relaxed),
+            "b learns of it at its next renewal"
+        );
+        // b's release must not delete c's lease.
+        b.release().expect("release b");
+        assert!(live_holder(&*store, &key)
+            .expect("holder")
+            .is_some_and(|h| h.starts_with("by c,")));
+        drop(c);
+    }
+}
