@@ -90,15 +90,36 @@ fn read(store: &dyn Store, key: &[u8]) -> Result<Option<Record>, ClientError> {
     Ok(store.get(key)?.and_then(|v| Record::decode(&v)))
 }
 
-/// Who holds an unexpired lease under `key`, if anyone: the holder's name
-/// and how long the lease has left.
-pub fn live_holder(store: &dyn Store, key: &[u8]) -> Result<Option<String>, ClientError> {
+/// An unexpired lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    /// The holder's name, as it gave it to [`Lease::acquire`].
+    pub holder: String,
+    /// How long the lease lasts unless renewed.
+    pub left: Duration,
+}
+
+/// The unexpired lease under `key`, if any.
+pub fn live_holding(store: &dyn Store, key: &[u8]) -> Result<Option<Holding>, ClientError> {
+    let now = now_ms();
     Ok(read(store, key)?
-        .filter(|r| r.expires_ms > now_ms())
-        .map(|r| {
-            let left = r.expires_ms.saturating_sub(now_ms()) / 1000;
-            format!("by {}, lease valid for {left} s more", r.holder)
+        .filter(|r| r.expires_ms > now)
+        .map(|r| Holding {
+            holder: r.holder,
+            left: Duration::from_millis(r.expires_ms - now),
         }))
+}
+
+/// Who holds an unexpired lease under `key`, if anyone, in words: the
+/// holder's name and how long the lease has left.
+pub fn live_holder(store: &dyn Store, key: &[u8]) -> Result<Option<String>, ClientError> {
+    Ok(live_holding(store, key)?.map(|h| {
+        format!(
+            "by {}, lease valid for {} s more",
+            h.holder,
+            h.left.as_secs()
+        )
+    }))
 }
 
 /// Renews the lease if it is still `owner`'s: false if another took it.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use client::lease::LeaseError;
 use client::Store;
 
-pub use client::lease::{Lease, RENEW, TTL};
+pub use client::lease::{Holding, Lease, RENEW, TTL};
 
 use crate::error::{FsError, Result};
 use crate::layout::Keys;
@@ -16,6 +16,11 @@ use crate::layout::Keys;
 /// Who holds an unexpired mount lease on the file system, if anyone.
 pub fn live_holder(store: &dyn Store, keys: &Keys) -> Result<Option<String>> {
     Ok(client::lease::live_holder(store, &keys.lease())?)
+}
+
+/// The unexpired mount lease on the file system, if any.
+pub fn live_holding(store: &dyn Store, keys: &Keys) -> Result<Option<Holding>> {
+    Ok(client::lease::live_holding(store, &keys.lease())?)
 }
 
 /// Takes the mount lease of the file system `keys` belongs to, as

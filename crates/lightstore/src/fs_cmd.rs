@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use client::{Cluster, Store};
@@ -193,8 +193,7 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
             .into())
         }
     };
-    let holder = this_process();
-    let lease = fs::lease::acquire(store.clone(), &Keys::new(record.id), &holder, args.force)?;
+    let lease = acquire_mount_lease(&store, &Keys::new(record.id), name, args.force)?;
     let fs = Arc::new(FileSystem::open(store.clone(), &record)?);
     fs.fence_with(lease.valid());
     let writer = match args.write_behind.as_str() {
@@ -288,6 +287,60 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     served.map_err(|e| format!("serving FUSE: {e}"))?;
     eprintln!("lightstore mount: unmounted; every write is durable");
     Ok(())
+}
+
+/// Takes the file system's mount lease. A lease held from this machine
+/// while no mount of the file system is left in its mount table belongs
+/// to a mount that is finishing (`fusermount3 -u` returns before the
+/// mount has written everything back and let go) or died: it is waited
+/// for, until released or expired, instead of refused.
+fn acquire_mount_lease(
+    store: &Arc<dyn Store>,
+    keys: &Keys,
+    name: &str,
+    force: bool,
+) -> Result<fs::lease::Lease, Box<dyn std::error::Error>> {
+    let me = this_process();
+    let deadline = Instant::now() + fs::lease::TTL + Duration::from_secs(1);
+    let mut told = false;
+    loop {
+        let refused = match fs::lease::acquire(store.clone(), keys, &me, force) {
+            Err(fs::FsError::Refused(why)) => why,
+            other => return Ok(other?),
+        };
+        let finishing = fs::lease::live_holding(&**store, keys)?
+            .is_some_and(|h| same_machine(&h.holder, &me) && !mounted_here(name));
+        if !finishing || Instant::now() >= deadline {
+            return Err(refused.into());
+        }
+        if !told {
+            eprintln!(
+                "lightstore mount: waiting for the last mount of {name} on this machine to let go ({refused})"
+            );
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Whether two lease holders (see [`this_process`]) are on one machine.
+fn same_machine(a: &str, b: &str) -> bool {
+    // An empty host name (no /etc/hostname) says nothing.
+    let host = |h: &str| {
+        h.rsplit_once(" pid ")
+            .map(|(host, _)| host.to_string())
+            .filter(|host| !host.is_empty())
+    };
+    host(a).is_some_and(|x| Some(x) == host(b))
+}
+
+/// Whether this machine's mount table holds a mount of file system `name`.
+fn mounted_here(name: &str) -> bool {
+    let fsname = format!("lightstore:{name}");
+    std::fs::read_to_string("/proc/self/mounts").map_or(true, |t| {
+        t.lines()
+            .any(|l| l.split_whitespace().next() == Some(fsname.as_str()))
+    })
 }
 
 /// This process as a lease holder names it: host and pid.

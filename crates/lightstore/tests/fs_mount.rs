@@ -298,8 +298,10 @@ fn a_tree_unpacks_survives_a_remount_and_hosts_git() {
         "cd '{}/g' && git fsck --strict && git log --oneline | wc -l | grep -q 2",
         mnt.display()
     ));
-    // fusermount3 -u ends the mount process cleanly too.
+    // fusermount3 -u ends the mount process cleanly too, and a mount
+    // started at once waits for it to let go instead of being refused.
     sh(&format!("fusermount3 -u '{}'", mnt.display()));
+    let again = Mount::start(&nodes, "t1", &mnt, &[]);
     let mut m = m;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -313,6 +315,8 @@ fn a_tree_unpacks_survives_a_remount_and_hosts_git() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    tree_equal(&src, &mnt.join("tree"));
+    again.stop();
     let out = lightstore(&["fs", "delete", "--nodes", &nodes, "t1"]);
     assert!(
         out.status.success(),
@@ -340,9 +344,19 @@ fn fsynced_data_survives_kill_9_of_the_adapter() {
         mnt.display()
     ));
     m.kill();
-    // The dead mount's lease is still valid: refused without --force.
-    let mut again = Mount::spawn(&nodes, "k", &mnt, &[]);
-    assert!(!again.wait().expect("wait").success());
+    // The dead mount's lease is still valid: a mount without --force waits
+    // for it to expire (the dead one was on this machine and is gone from
+    // its mount table) instead of being refused; --force takes over now.
+    let mut waiting = Mount::spawn(&nodes, "k", &mnt, &[]);
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(waiting.stderr.take().expect("stderr")),
+        &mut line,
+    )
+    .expect("read");
+    assert!(line.contains("waiting for the last mount"), "{line}");
+    let _ = waiting.kill();
+    let _ = waiting.wait();
     let m = Mount::start(&nodes, "k", &mnt, &["--force"]);
     // A busy mount: the first SIGTERM cannot unmount, the second detaches.
     let mut busy = Command::new("sleep")
