@@ -159,9 +159,12 @@ impl DentryCache {
         }
     }
 
-    /// Every entry of `dir` is in the cache (or it has none).
-    pub fn set_complete(&mut self, dir: u64) {
-        if self.len < MAX_DENTRIES {
+    /// `dir` has `entries` entries, all inserted: marks it whole, unless
+    /// the cache let some of them go meanwhile (it clears itself when
+    /// full, so a listing longer than what is left of it is not all here).
+    pub fn set_complete(&mut self, dir: u64, entries: usize) {
+        let held = self.dirs.get(&dir).map_or(0, |d| d.names.len());
+        if held == entries && self.len < MAX_DENTRIES {
             self.dirs.entry(dir).or_default().complete = true;
         }
     }
@@ -195,7 +198,7 @@ mod tests {
         assert!(matches!(c.get(1, b"a"), Known::Entry(10, Kind::Dir)));
         assert!(matches!(c.get(1, b"zz"), Known::Unknown));
         assert!(c.list(1).is_none(), "not known to be whole");
-        c.set_complete(1);
+        c.set_complete(1, 2);
         assert!(matches!(c.get(1, b"zz"), Known::Absent));
         c.insert(1, b"c", 12, Kind::File);
         c.remove(1, b"b");
@@ -206,7 +209,7 @@ mod tests {
             .map(|e| e.0)
             .collect();
         assert_eq!(names, [b"a".to_vec(), b"c".to_vec()]);
-        c.set_complete(2);
+        c.set_complete(2, 0);
         assert_eq!(
             c.list(2).map(|l| l.len()),
             Some(0),
@@ -216,5 +219,24 @@ mod tests {
         assert!(matches!(c.get(1, b"a"), Known::Unknown));
         assert!(c.list(1).is_none());
         assert_eq!(c.len, 0);
+    }
+
+    #[test]
+    fn a_listing_the_cache_could_not_hold_whole_is_not_whole() {
+        let mut c = DentryCache::default();
+        for i in 0..MAX_DENTRIES - 10 {
+            c.insert(1, format!("x{i}").as_bytes(), i as u64 + 100, Kind::File);
+        }
+        // A listing of directory 2 whose insertion fills the cache, which
+        // then clears itself: its first entries are gone.
+        for i in 0..50u64 {
+            c.insert(2, format!("y{i:02}").as_bytes(), i + 10, Kind::File);
+        }
+        c.set_complete(2, 50);
+        assert!(
+            matches!(c.get(2, b"y00"), Known::Unknown),
+            "an entry let go must not read as absent"
+        );
+        assert!(c.list(2).is_none(), "a partial listing is not whole");
     }
 }

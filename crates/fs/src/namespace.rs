@@ -155,7 +155,7 @@ impl FileSystem {
         let mut d = self.dentries.lock();
         d.insert(parent, name, ino, new.kind);
         if new.kind == Kind::Dir {
-            d.set_complete(ino);
+            d.set_complete(ino, 0);
         }
         Ok(inode)
     }
@@ -432,7 +432,7 @@ impl FileSystem {
         for (name, child, kind) in &entries {
             d.insert(ino, name, *child, *kind);
         }
-        d.set_complete(ino);
+        d.set_complete(ino, entries.len());
         Ok(entries)
     }
 
