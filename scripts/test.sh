@@ -5,7 +5,7 @@
 # `lightstore node` tests with redis-cli, redis-benchmark and redis-py, the
 # cluster tests, the NBD adapter with nbdinfo, qemu-io, qemu-img, nbdcopy,
 # nbdsh, fio and ext4 on nbdfuse, the FUSE file adapter with tar, git,
-# pjdfstest, fsx, dbench, stress-ng and fio), then the YCSB binding's tests and the real YCSB client
+# pjdfstest, fsx, dbench, stress-ng, fio, rsync and SQLite), then the YCSB binding's tests and the real YCSB client
 # running Load and A-F against a local 3-node cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +31,7 @@ command -v losetup >/dev/null || need_apt+=(mount)
 # The file adapter's tests: git and tar inside a mount, pjdfstest (built
 # from crates.io below; it needs libacl's headers).
 command -v git >/dev/null || need_apt+=(git)
+command -v rsync >/dev/null || need_apt+=(rsync)
 command -v dbench >/dev/null || need_apt+=(dbench)
 command -v stress-ng >/dev/null || need_apt+=(stress-ng)
 dpkg -s libacl1-dev >/dev/null 2>&1 || need_apt+=(libacl1-dev acl)

@@ -327,6 +327,84 @@ fn a_tree_unpacks_survives_a_remount_and_hosts_git() {
     assert!(!String::from_utf8_lossy(&listed.stdout).contains("t1"));
 }
 
+/// The workload SQLite puts on a file system: a database in WAL mode
+/// (a shared-memory index mapped from the `-shm` file) and one with a
+/// rollback journal, then VACUUM; prints each mode's integrity check and
+/// row count and sum, which must match the same run on a local directory.
+const SQLITE_WORKLOAD: &str = r#"
+import os, random, sqlite3, sys
+root, reopen = sys.argv[1], sys.argv[2] == "reopen"
+for mode in ["wal", "delete"]:
+    p = os.path.join(root, "t-%s.db" % mode)
+    c = sqlite3.connect(p)
+    if not reopen:
+        c.execute("pragma journal_mode=%s" % mode)
+        c.execute("create table t(id integer primary key, v text, n int)")
+        r = random.Random(1)
+        for b in range(40):
+            with c:
+                c.executemany("insert into t(v, n) values(?, ?)",
+                              [("x" * r.randint(1, 3000), i) for i in range(200)])
+                c.execute("update t set n = n + 1 where id % 7 = ?", (b % 7,))
+                c.execute("delete from t where id % 13 = ?", (b % 13,))
+        if mode == "delete":
+            c.execute("vacuum")
+    print(mode, c.execute("pragma integrity_check").fetchone()[0],
+          c.execute("select count(*), sum(n) from t").fetchone())
+    c.close()
+"#;
+
+/// rsync into the mount and SQLite on it, as on a local disk; both still
+/// hold after a remount.
+#[test]
+fn rsync_and_sqlite_work_and_survive_a_remount() {
+    if !can_mount() || !have_tools(&["rsync", "python3"]) {
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let src = tmp.path().join("src");
+    make_tree(&src, 300);
+    let (mnt, local) = (tmp.path().join("mnt"), tmp.path().join("local"));
+    std::fs::create_dir_all(&local).expect("local dir");
+    let script = tmp.path().join("sqlite.py");
+    std::fs::write(&script, SQLITE_WORKLOAD).expect("script");
+    let sqlite = |dir: &Path, pass: &str| {
+        let out = sh(&format!(
+            "python3 '{}' '{}' {pass}",
+            script.display(),
+            dir.display()
+        ));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let want = sqlite(&local, "create");
+    assert_eq!(want.matches(" ok (").count(), 2, "{want}");
+    let rsync_changes = |args: &str| {
+        let out = sh(&format!(
+            "rsync -ai {args} '{}/' '{}/copy/'",
+            src.display(),
+            mnt.display()
+        ));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    let m = Mount::start(&nodes, "rs", &mnt, &["--create"]);
+    rsync_changes("-H");
+    tree_equal(&src, &mnt.join("copy"));
+    // A second pass finds nothing to send, by times and sizes or by
+    // checksums.
+    assert_eq!(rsync_changes("-H"), "", "second rsync pass");
+    assert_eq!(rsync_changes("-H -c --dry-run"), "", "checksum pass");
+    assert_eq!(sqlite(&mnt, "create"), want);
+    m.stop();
+
+    let m = Mount::start(&nodes, "rs", &mnt, &[]);
+    assert_eq!(rsync_changes("-H -c --dry-run"), "", "after the remount");
+    assert_eq!(sqlite(&mnt, "reopen"), want);
+    m.stop();
+}
+
 #[test]
 fn fsynced_data_survives_kill_9_of_the_adapter() {
     if !can_mount() {
