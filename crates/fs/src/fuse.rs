@@ -629,7 +629,10 @@ impl Filesystem for FuseFs {
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        // No file-system-specific ioctls; generic ones never reach here.
+        // No ioctls of our own. The kernel asks about every ioctl on a file
+        // (a tty check, TCGETS, at each Python `open` of a file in text
+        // mode) and caches neither answer, ENOTTY nor ENOSYS: a round trip
+        // each.
         reply.error(Errno::ENOTTY);
     }
 
