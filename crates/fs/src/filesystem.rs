@@ -533,7 +533,9 @@ impl FileSystem {
     }
 
     /// Deletes every key in `[start, end)`, each page as it is listed:
-    /// memory and requests stay bounded whatever the range holds.
+    /// memory and requests stay bounded whatever the range holds. A
+    /// listing may show keys deleted recently: only those that still hold
+    /// a value are deleted (no tombstone written twice).
     pub(crate) fn delete_listed(&self, start: &[u8], end: &[u8]) -> Result<()> {
         self.settle_range(start, end)?;
         for_each_page(
@@ -541,7 +543,18 @@ impl FileSystem {
             |from, n| self.store.range_keys(from, end, n),
             |k| k,
             |page| {
-                let keys: Vec<Vec<u8>> = page.into_iter().map(|k| k.to_vec()).collect();
+                let refs: Vec<&[u8]> = page.iter().map(|k| &k[..]).collect();
+                let held = if refs.is_empty() {
+                    Vec::new()
+                } else {
+                    self.store.exists(&refs)?
+                };
+                let keys: Vec<Vec<u8>> = page
+                    .iter()
+                    .zip(held)
+                    .filter(|(_, held)| *held)
+                    .map(|(k, _)| k.to_vec())
+                    .collect();
                 self.delete_keys(&keys)
             },
         )

@@ -162,11 +162,13 @@ pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let server = NbdServer::new(cluster, args.export.clone(), holder);
     // The default export is served from the start: a second adapter for
-    // it stops here, with the first one's name.
+    // it stops here, with the first one's name, before it touches any
+    // socket (binding a Unix socket replaces the file at its path).
     if let Some(name) = &args.export {
         server.export(name)?;
     }
-    runtime.block_on(async move {
+    let stopper = server.clone();
+    let outcome = runtime.block_on(async move {
         let tcp_addr = match (&args.listen, &args.unix) {
             (Some(a), _) => Some(a.clone()),
             (None, None) => Some("127.0.0.1:10809".to_string()),
@@ -207,16 +209,26 @@ pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
             serving.push(format!("metrics on http://{m}/metrics"));
         }
         eprintln!("lightstore nbd ready: {}", serving.join(" and "));
-        server
-            .run(tcp, unix, stop_signal(), DRAIN)
-            .await
-            .map_err(|e| format!("stopping: {e}"))?;
+        let stopped = server.run(tcp, unix, stop_signal(), DRAIN).await;
         if let Some(p) = &args.unix {
             let _ = std::fs::remove_file(p);
         }
+        stopped.map_err(|e| format!("stopping: {e}"))?;
         eprintln!("lightstore nbd stopped: every acknowledged write flushed");
         Ok::<(), Box<dyn std::error::Error>>(())
-    })
+    });
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // Failed before serving (a socket that would not bind): let the
+            // next adapter in at once. (`run` releases them itself after a
+            // clean drain.)
+            if !stopper.has_served() {
+                stopper.release_leases();
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -53,7 +53,9 @@ impl Mount {
             child,
             dir: dir.to_path_buf(),
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
+        // A mount may first wait up to the lease's lifetime (15 s) for the
+        // last mount of its file system on this machine to let go.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while !is_mounted(dir) {
             if let Ok(Some(status)) = m.child.try_wait() {
                 panic!("lightstore mount exited ({status}): {}", m.stderr());
@@ -426,13 +428,20 @@ fn fsynced_data_survives_kill_9_of_the_adapter() {
     // for it to expire (the dead one was on this machine and is gone from
     // its mount table) instead of being refused; --force takes over now.
     let mut waiting = Mount::spawn(&nodes, "k", &mnt, &[]);
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(waiting.stderr.take().expect("stderr")),
-        &mut line,
-    )
-    .expect("read");
-    assert!(line.contains("waiting for the last mount"), "{line}");
+    let stderr = waiting.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let said = std::io::BufRead::lines(std::io::BufReader::new(stderr))
+            .map_while(|l| l.ok())
+            .find(|l| l.contains("waiting for the last mount") || l.contains("mounted elsewhere"));
+        let _ = tx.send(said);
+    });
+    let said = rx.recv_timeout(Duration::from_secs(20)).ok().flatten();
+    assert!(
+        said.as_deref()
+            .is_some_and(|l| l.contains("waiting for the last mount")),
+        "{said:?}"
+    );
     let _ = waiting.kill();
     let _ = waiting.wait();
     let m = Mount::start(&nodes, "k", &mnt, &["--force"]);

@@ -29,8 +29,8 @@ pub type Result<T> = std::result::Result<T, NbdError>;
 
 /// NBD error codes (errno values on the wire).
 pub mod errno {
-    /// Operation not permitted (the volume was taken over by another
-    /// adapter).
+    /// Operation not permitted (this adapter lost the volume's lease: taken
+    /// over by another adapter, or not renewed in time).
     pub const EPERM: u32 = 1;
     /// I/O error.
     pub const EIO: u32 = 5;

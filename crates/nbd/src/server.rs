@@ -136,9 +136,15 @@ impl NbdServer {
         Ok(self.store.sync()?)
     }
 
+    /// Whether any connection was accepted.
+    pub fn has_served(&self) -> bool {
+        self.stats.connections.load(Ordering::Relaxed) > 0
+    }
+
     /// Lets go of every volume's lease (at shutdown, after the last
-    /// request), so another adapter may serve them at once.
-    fn release_leases(&self) {
+    /// request; or when the server could not start), so another adapter
+    /// may serve them at once.
+    pub fn release_leases(&self) {
         for (_, lease) in self.leases.lock().drain() {
             if let Err(e) = lease.release() {
                 tracing::warn!(error = %e, "could not release a volume's lease (it expires by itself)");
@@ -148,17 +154,26 @@ impl NbdServer {
 
     /// The lease-validity flag of volume `vol`, taking its lease first if
     /// this server does not hold it yet.
+    /// A lease found lost (taken over, or not renewed in time) is let go
+    /// and taken again, or refused like any other. `--force` applies to
+    /// the default export only: it names the one volume known to be
+    /// abandoned.
     fn lease_of(&self, vol: &Volume) -> Result<Arc<AtomicBool>> {
         let mut leases = self.leases.lock();
         if let Some(l) = leases.get(&vol.id) {
-            return Ok(l.valid());
+            let valid = l.valid();
+            if valid.load(Ordering::Acquire) {
+                return Ok(valid);
+            }
+            leases.remove(&vol.id);
         }
+        let force = self.holder.force && self.default_export.as_deref() == Some(vol.name.as_str());
         let lease = Lease::acquire(
             self.store.clone(),
             volume::lease_key(vol.id),
             &self.holder.name,
             &format!("volume {}", vol.name),
-            self.holder.force,
+            force,
         )
         .map_err(|e| match e {
             LeaseError::Held(h) => NbdError::Held(format!(
@@ -173,31 +188,45 @@ impl NbdServer {
         Ok(valid)
     }
 
-    /// The export `name` (the default export for ""), opened once.
-    pub fn export(&self, name: &str) -> Result<Option<Arc<Blocks>>> {
+    /// The volume export `name` names (the default export for ""), if
+    /// any: what `NBD_OPT_INFO` describes, without serving it.
+    fn volume_of(&self, name: &str) -> Result<Option<Volume>> {
         let name = match (name, &self.default_export) {
             ("", Some(d)) => d.as_str(),
             ("", None) => return Ok(None),
             (n, _) => n,
         };
+        volume::open(&*self.store, name)
+    }
+
+    /// The export `name` (the default export for ""), opened for serving
+    /// once: this server takes the volume's lease first.
+    pub fn export(&self, name: &str) -> Result<Option<Arc<Blocks>>> {
         // The record is read again on every open: a volume deleted and
         // created again, or resized, since it was last served gets a fresh
         // `Blocks` (the old one keeps serving the connections that have it).
         let store = self.store.clone();
-        let Some(vol) = volume::open(&*store, name)? else {
+        let Some(vol) = self.volume_of(name)? else {
             self.exports.lock().remove(name);
             return Ok(None);
         };
+        let name = vol.name.clone();
         let mut exports = self.exports.lock();
-        if let Some(b) = exports.get(name) {
-            if *b.volume() == vol {
+        if let Some(b) = exports.get(&name) {
+            if *b.volume() == vol && b.holds_lease() {
                 return Ok(Some(b.clone()));
             }
         }
         let valid = self.lease_of(&vol)?;
         let blocks = Arc::new(Blocks::fenced(store, vol, valid));
-        exports.insert(name.to_string(), blocks.clone());
+        exports.insert(name, blocks.clone());
         Ok(Some(blocks))
+    }
+
+    /// [`Self::volume_of`] on the blocking pool.
+    async fn volume_off_runtime(self: &Arc<Self>, name: &str) -> Result<Result<Option<Volume>>> {
+        let (this, name) = (self.clone(), name.to_string());
+        off_runtime(move || this.volume_of(&name)).await
     }
 
     /// [`Self::export`] on the blocking pool.
@@ -367,8 +396,19 @@ impl NbdServer {
                             .await?;
                         continue;
                     };
-                    let blocks = match self.export_off_runtime(&req.name).await? {
-                        Ok(Some(b)) => b,
+                    // INFO describes the volume; only GO serves it (and
+                    // takes its lease: `nbdinfo --list` claims nothing).
+                    let opened = if option == opt::GO {
+                        self.export_off_runtime(&req.name)
+                            .await?
+                            .map(|b| b.map(|b| (b.volume().clone(), Some(b))))
+                    } else {
+                        self.volume_off_runtime(&req.name)
+                            .await?
+                            .map(|v| v.map(|v| (v, None)))
+                    };
+                    let (vol, blocks) = match opened {
+                        Ok(Some(opened)) => opened,
                         Ok(None) => {
                             wr.write_all(&error(
                                 rep::ERR_UNKNOWN,
@@ -386,7 +426,6 @@ impl NbdServer {
                             continue;
                         }
                     };
-                    let vol = blocks.volume();
                     let infos = [
                         proto::info_export(vol.size, export_flags()),
                         proto::info_block_size(1, vol.chunk_size, MAX_PAYLOAD),
@@ -399,7 +438,7 @@ impl NbdServer {
                             .await?;
                     }
                     wr.write_all(&reply(rep::ACK, &[])).await?;
-                    if option == opt::GO {
+                    if let Some(blocks) = blocks {
                         let allocation = allocation_for(&meta, &req.name);
                         return Ok(Some(Session {
                             blocks,

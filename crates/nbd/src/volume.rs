@@ -240,9 +240,21 @@ fn delete_chunks(store: &dyn Store, id: u64, from: u64) -> Result<()> {
         None => [CHUNK_PREFIX, &[0xff; 17]].concat(),
     };
     loop {
-        // A listing may show keys deleted recently: page on from the last.
+        // A listing may show keys deleted recently: page on from the last,
+        // and delete only what still holds a value.
         let page = store.range_keys(&start, &end, PAGE)?;
-        let ops: Vec<client::WriteOp<'_>> = page.iter().map(|k| (&k[..], None)).collect();
+        let refs: Vec<&[u8]> = page.iter().map(|k| &k[..]).collect();
+        let held = if refs.is_empty() {
+            Vec::new()
+        } else {
+            store.exists(&refs)?
+        };
+        let ops: Vec<client::WriteOp<'_>> = page
+            .iter()
+            .zip(held)
+            .filter(|(_, held)| *held)
+            .map(|(k, _)| (&k[..], None))
+            .collect();
         store.write(&ops)?;
         match page.last() {
             Some(last) if page.len() == PAGE => {
