@@ -105,8 +105,8 @@ fn print_volume(v: &nbd::Volume) {
 
 /// Runs `lightstore volume`.
 pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let cluster = Cluster::connect(args.target.config()?)?;
-    let store: &dyn Store = &cluster;
+    let shared: Arc<dyn Store> = Arc::new(Cluster::connect(args.target.config()?)?);
+    let store: &dyn Store = &*shared;
     match args.action {
         VolumeAction::Create {
             name,
@@ -123,10 +123,10 @@ pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
             None => return Err(format!("no volume named {name}").into()),
         },
         VolumeAction::Resize { name, size, force } => {
-            print_volume(&volume::resize(store, &name, size, force)?)
+            print_volume(&volume::resize(&shared, &name, size, force)?)
         }
         VolumeAction::Delete { name, force } => {
-            volume::delete(store, &name, force)?;
+            volume::delete(&shared, &name, force)?;
             println!("deleted {name}");
         }
     }

@@ -11,6 +11,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::Arc;
+
+use client::lease::{Lease, LeaseError};
 use client::Store;
 
 use crate::error::{NbdError, Result};
@@ -56,19 +59,20 @@ pub fn lease_key(id: u64) -> Vec<u8> {
     [LEASE_PREFIX, format!("{id:016x}").as_bytes()].concat()
 }
 
-/// Refuses, unless `force`, to change volume `vol` under an adapter that
-/// serves it.
-fn check_not_served(store: &dyn Store, vol: &Volume, force: bool) -> Result<()> {
-    if force {
-        return Ok(());
-    }
-    match client::lease::live_holder(store, &lease_key(vol.id))? {
-        Some(h) => Err(NbdError::Held(format!(
+/// Holds volume `vol`'s serving lease while the volume itself changes
+/// (deleted, shrunk), so that no adapter starts serving it meanwhile;
+/// refused while an adapter serves it, unless `force`.
+fn hold_for_change(store: &Arc<dyn Store>, vol: &Volume, force: bool) -> Result<Lease> {
+    let holder = format!("lightstore volume, pid {}", std::process::id());
+    let what = format!("volume {}", vol.name);
+    Lease::acquire(store.clone(), lease_key(vol.id), &holder, &what, force).map_err(|e| match e {
+        LeaseError::Held(h) => NbdError::Held(format!(
             "volume {} is being served ({h}); stop that adapter first, or give --force",
             vol.name
-        ))),
-        None => Ok(()),
-    }
+        )),
+        LeaseError::Client(c) => c.into(),
+        LeaseError::Thread(e) => NbdError::Io(e),
+    })
 }
 
 /// The key of chunk `index` of volume `id`.
@@ -198,11 +202,13 @@ pub fn list(store: &dyn Store) -> Result<Vec<Volume>> {
 /// Changes a volume's size. Shrinking deletes the chunks past the new end
 /// first, so growing again reads zeros there; it is refused while an
 /// adapter serves the volume, unless `force`.
-pub fn resize(store: &dyn Store, name: &str, size: u64, force: bool) -> Result<Volume> {
+pub fn resize(store: &Arc<dyn Store>, name: &str, size: u64, force: bool) -> Result<Volume> {
     check_size(size)?;
-    let mut vol = open(store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
+    let mut vol = open(&**store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
+    let mut held = None;
     if size < vol.size {
-        check_not_served(store, &vol, force)?;
+        held = Some(hold_for_change(store, &vol, force)?);
+        let store = &**store;
         let first_gone = size.div_ceil(u64::from(vol.chunk_size));
         delete_chunks(store, vol.id, first_gone)?;
         // The chunk holding the new end keeps bytes past it: zero them.
@@ -218,16 +224,20 @@ pub fn resize(store: &dyn Store, name: &str, size: u64, force: bool) -> Result<V
     }
     vol.size = size;
     store.put(&meta_key(name), vol.encode().as_bytes())?;
+    if let Some(lease) = held {
+        lease.release()?;
+    }
     Ok(vol)
 }
 
 /// Deletes a volume: its record, then its chunks. Refused while an adapter
 /// serves it (its writes would outlive the record), unless `force`.
-pub fn delete(store: &dyn Store, name: &str, force: bool) -> Result<()> {
-    let vol = open(store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
-    check_not_served(store, &vol, force)?;
+pub fn delete(store: &Arc<dyn Store>, name: &str, force: bool) -> Result<()> {
+    let vol = open(&**store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
+    let lease = hold_for_change(store, &vol, force)?;
     store.delete(&meta_key(name))?;
-    delete_chunks(store, vol.id, 0)
+    delete_chunks(&**store, vol.id, 0)?;
+    Ok(lease.release()?)
 }
 
 /// Deletes the chunks of volume `id` from index `from` on, a page of keys
@@ -283,28 +293,25 @@ mod tests {
     #[test]
     fn create_open_list_resize_delete() {
         const CS: u32 = 64 << 10;
-        let s = MemStore::new();
-        let v = create(&s, "vol1", 1 << 20, CS).expect("create");
-        assert_eq!(open(&s, "vol1").expect("open"), Some(v.clone()));
-        assert!(create(&s, "vol1", 1 << 20, CS).is_err(), "exists");
-        assert!(create(&s, "bad name", 1 << 20, CS).is_err());
-        assert!(create(&s, "v2", 1000, CS).is_err(), "not 512-aligned");
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
+        let s = &*store;
+        let v = create(s, "vol1", 1 << 20, CS).expect("create");
+        assert_eq!(open(s, "vol1").expect("open"), Some(v.clone()));
+        assert!(create(s, "vol1", 1 << 20, CS).is_err(), "exists");
+        assert!(create(s, "bad name", 1 << 20, CS).is_err());
+        assert!(create(s, "v2", 1000, CS).is_err(), "not 512-aligned");
         assert!(
-            create(&s, "v2", 1 << 20, 3000).is_err(),
+            create(s, "v2", 1 << 20, 3000).is_err(),
             "chunk not a power of two"
         );
-        create(&s, "v2", 2 << 20, DEFAULT_CHUNK_SIZE).expect("v2");
-        let names: Vec<String> = list(&s)
-            .expect("list")
-            .into_iter()
-            .map(|v| v.name)
-            .collect();
+        create(s, "v2", 2 << 20, DEFAULT_CHUNK_SIZE).expect("v2");
+        let names: Vec<String> = list(s).expect("list").into_iter().map(|v| v.name).collect();
         assert_eq!(names, ["v2", "vol1"]);
         s.put(&chunk_key(v.id, 15), &vec![7u8; CS as usize])
             .expect("chunk");
         s.put(&chunk_key(v.id, 1), &vec![7u8; CS as usize])
             .expect("chunk");
-        let small = resize(&s, "vol1", 100 << 10, false).expect("shrink");
+        let small = resize(&store, "vol1", 100 << 10, false).expect("shrink");
         assert_eq!(small.size, 100 << 10);
         assert!(
             s.get(&chunk_key(v.id, 15)).expect("get").is_none(),
@@ -316,8 +323,35 @@ mod tests {
             .expect("chunk 1 kept");
         let tail = (100 << 10) - CS as usize;
         assert!(kept[..tail].iter().all(|&b| b == 7) && kept[tail..].iter().all(|&b| b == 0));
-        delete(&s, "vol1", false).expect("delete");
-        assert_eq!(open(&s, "vol1").expect("open"), None);
+        delete(&store, "vol1", false).expect("delete");
+        assert_eq!(open(s, "vol1").expect("open"), None);
         assert!(s.get(&chunk_key(v.id, 1)).expect("get").is_none());
+    }
+
+    #[test]
+    fn a_served_volume_is_neither_deleted_nor_shrunk_unless_forced() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::new());
+        let v = create(&*store, "v", 1 << 20, DEFAULT_CHUNK_SIZE).expect("create");
+        let serving =
+            Lease::acquire(store.clone(), lease_key(v.id), "adapter", "v", false).expect("lease");
+        for e in [
+            delete(&store, "v", false).map(drop),
+            resize(&store, "v", 4096, false).map(drop),
+        ] {
+            assert!(
+                matches!(&e, Err(NbdError::Held(m)) if m.contains("is being served")),
+                "{e:?}"
+            );
+        }
+        resize(&store, "v", 2 << 20, false).expect("growing is harmless");
+        delete(&store, "v", true).expect("forced");
+        assert_eq!(open(&*store, "v").expect("open"), None);
+        assert!(
+            client::lease::live_holder(&*store, &lease_key(v.id))
+                .expect("holder")
+                .is_none(),
+            "the delete lets go of the lease it took"
+        );
+        drop(serving);
     }
 }
