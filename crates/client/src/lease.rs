@@ -7,16 +7,16 @@
 //! then read back: the cluster orders the two writes, so exactly one reads
 //! its own and proceeds.
 //!
-//! Fencing: the lease is [`Lease::valid`] only while its holder knows it
+//! Fencing: the lease's [`Fence`] holds only while its holder knows it
 //! holds it. A renewal that finds another owner (a forced takeover), or no
 //! successful renewal for longer than [`TTL`] minus a margin (another may
 //! take over once it expires), clears it, and the holder must then refuse
 //! changes instead of writing next to a new owner.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::error::ClientError;
 use crate::store::Store;
@@ -27,6 +27,63 @@ pub const TTL: Duration = Duration::from_secs(15);
 pub const RENEW: Duration = Duration::from_secs(5);
 /// How long before expiry a holder that could not renew stops writing.
 const MARGIN: Duration = Duration::from_secs(3);
+
+/// What a holder checks before each change: whether it still holds its
+/// lease, that is, no one took it over and its last renewal is recent
+/// enough that the lease cannot have expired for others (a renewal stuck
+/// on an unreachable node counts as none). Clones share one state.
+#[derive(Clone, Debug)]
+pub struct Fence(Arc<FenceState>);
+
+#[derive(Debug)]
+struct FenceState {
+    since: Instant,
+    /// Milliseconds from `since` to the start of the last successful
+    /// renewal (or of the acquisition).
+    renewed_ms: AtomicU64,
+    lost: AtomicBool,
+    /// False for a fence that holds until revoked ([`Fence::held`]).
+    expires: bool,
+}
+
+impl Fence {
+    /// A fence that holds until [`Fence::revoke`]d: for a holder with no
+    /// lease to renew, and for tests.
+    pub fn held() -> Fence {
+        Fence::new(false)
+    }
+
+    fn new(expires: bool) -> Fence {
+        Fence(Arc::new(FenceState {
+            since: Instant::now(),
+            renewed_ms: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            expires,
+        }))
+    }
+
+    /// Whether the holder may still change what the lease guards.
+    pub fn holds(&self) -> bool {
+        let f = &*self.0;
+        if f.lost.load(Ordering::Acquire) {
+            return false;
+        }
+        let since_renewal = (f.since.elapsed().as_millis() as u64)
+            .saturating_sub(f.renewed_ms.load(Ordering::Acquire));
+        !f.expires || since_renewal < (TTL - MARGIN).as_millis() as u64
+    }
+
+    /// From now on it does not hold (the lease was taken over).
+    pub fn revoke(&self) {
+        self.0.lost.store(true, Ordering::Release);
+    }
+
+    /// A renewal that started at `at` succeeded.
+    fn renewed_at(&self, at: Instant) {
+        let ms = at.duration_since(self.0.since).as_millis() as u64;
+        self.0.renewed_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+}
 
 /// Why a lease was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -142,7 +199,7 @@ pub struct Lease {
     key: Vec<u8>,
     owner: String,
     stop: Arc<AtomicBool>,
-    valid: Arc<AtomicBool>,
+    fence: Fence,
     renewer: Option<JoinHandle<()>>,
 }
 
@@ -180,14 +237,14 @@ impl Lease {
             }
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let valid = Arc::new(AtomicBool::new(true));
+        let fence = Fence::new(true);
         let renewer = {
-            let (store, key, owner, stop, valid) = (
+            let (store, key, owner, stop, fence) = (
                 store.clone(),
                 key.clone(),
                 owner.clone(),
                 stop.clone(),
-                valid.clone(),
+                fence.clone(),
             );
             let what = what.to_string();
             std::thread::Builder::new()
@@ -195,27 +252,30 @@ impl Lease {
                 .spawn(move || {
                     let step = Duration::from_millis(100);
                     let mut waited = Duration::ZERO;
-                    let mut renewed = std::time::Instant::now();
+                    let mut warned = false;
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(step);
                         waited += step;
-                        if renewed.elapsed() > TTL - MARGIN && valid.swap(false, Ordering::Relaxed) {
+                        if !fence.holds() && !warned {
                             tracing::error!("the lease of {what} could not be renewed in time: refusing changes until it is");
+                            warned = true;
                         }
                         if waited < RENEW {
                             continue;
                         }
                         waited = Duration::ZERO;
+                        let started = Instant::now();
                         match renew(&*store, &key, &owner, &record) {
                             Ok(true) => {
-                                renewed = std::time::Instant::now();
-                                if !valid.swap(true, Ordering::Relaxed) {
+                                fence.renewed_at(started);
+                                if warned && fence.holds() {
                                     tracing::warn!("the lease of {what} is renewed: changes accepted again");
+                                    warned = false;
                                 }
                             }
                             Ok(false) => {
                                 tracing::error!("{what} was taken over elsewhere (--force): refusing changes here");
-                                valid.store(false, Ordering::Relaxed);
+                                fence.revoke();
                                 return;
                             }
                             Err(e) => tracing::error!(error = %e, "cannot renew the lease of {what}"),
@@ -229,15 +289,14 @@ impl Lease {
             key,
             owner,
             stop,
-            valid,
+            fence,
             renewer: Some(renewer),
         })
     }
 
-    /// True while this holder knows it holds the lease (see the module
-    /// doc); the holder refuses changes while it is false.
-    pub fn valid(&self) -> Arc<AtomicBool> {
-        self.valid.clone()
+    /// What the holder checks before each change (see [`Fence`]).
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
     /// Stops renewing and deletes the lease (if still ours), so the next
@@ -283,15 +342,34 @@ mod tests {
         assert!(live_holder(&*store, &key).expect("holder").is_none());
         let b = Lease::acquire(store.clone(), key.clone(), "b", "x", false).expect("after release");
         let c = Lease::acquire(store.clone(), key.clone(), "c", "x", true).expect("forced");
-        assert!(
-            b.valid().load(Ordering::Relaxed),
-            "b learns of it at its next renewal"
-        );
+        assert!(b.fence().holds(), "b learns of it at its next renewal");
         // b's release must not delete c's lease.
         b.release().expect("release b");
         assert!(live_holder(&*store, &key)
             .expect("holder")
             .is_some_and(|h| h.starts_with("by c,")));
         drop(c);
+    }
+
+    #[test]
+    fn a_fence_lets_go_when_renewals_stop_and_holds_again_after_one() {
+        let Some(since) = Instant::now().checked_sub(TTL) else {
+            return; // a machine up for less than the lease's lifetime
+        };
+        let fence = Fence(Arc::new(FenceState {
+            since,
+            renewed_ms: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            expires: true,
+        }));
+        assert!(!fence.holds(), "no renewal for a whole lease");
+        fence.renewed_at(Instant::now());
+        assert!(fence.holds(), "renewed just now");
+        fence.revoke();
+        assert!(!fence.holds(), "taken over");
+        let manual = Fence::held();
+        assert!(manual.holds());
+        manual.revoke();
+        assert!(!manual.holds());
     }
 }

@@ -74,7 +74,7 @@ pub struct FileSystem {
     reclaim_queue: Mutex<Option<crossbeam_channel::Sender<u64>>>,
     capacity: Mutex<Option<(std::time::Instant, Option<client::Capacity>)>>,
     /// Cleared when this mount may no longer write (its lease is lost).
-    fence: Mutex<Option<Arc<std::sync::atomic::AtomicBool>>>,
+    fence: Mutex<Option<client::lease::Fence>>,
     /// Metadata write-behind, once started (else changes are written
     /// before they return).
     write_behind: Mutex<Option<Arc<WriteBehind>>>,
@@ -299,16 +299,16 @@ impl FileSystem {
         queue.map_or(Ok(()), |wb| wait(&wb))
     }
 
-    /// Makes changes depend on `valid` (the mount lease's): while it is
-    /// false they fail with EROFS.
-    pub fn fence_with(&self, valid: Arc<std::sync::atomic::AtomicBool>) {
-        *self.fence.lock() = Some(valid);
+    /// Makes changes depend on `fence` (the mount lease's): while it does
+    /// not hold they fail with EROFS.
+    pub fn fence_with(&self, fence: client::lease::Fence) {
+        *self.fence.lock() = Some(fence);
     }
 
     /// EROFS unless this mount may write.
     pub(crate) fn writable(&self) -> Result<()> {
         match &*self.fence.lock() {
-            Some(v) if !v.load(std::sync::atomic::Ordering::Relaxed) => posix(libc::EROFS),
+            Some(f) if !f.holds() => posix(libc::EROFS),
             _ => Ok(()),
         }
     }

@@ -456,8 +456,9 @@ fn xattrs_create_replace_list_remove() {
 fn a_lost_lease_fences_every_change() {
     let (_s, fs, _) = new_fs(4096);
     let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
-    let valid = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    fs.fence_with(valid.clone());
+    let fence = client::lease::Fence::held();
+    fence.revoke();
+    fs.fence_with(fence);
     assert_eq!(
         errno(fs.make(ME, ROOT, b"g", node(Kind::File))),
         libc::EROFS
@@ -475,7 +476,8 @@ fn a_lost_lease_fences_every_change() {
         libc::EROFS
     );
     assert!(fs.lookup(ROOT, b"f").is_ok(), "reads still work");
-    valid.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Held again (renewed, or taken again at a remount).
+    fs.fence_with(client::lease::Fence::held());
     fs.write(f.ino, 0, b"x").expect("writable again");
 }
 

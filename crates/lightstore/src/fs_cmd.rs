@@ -195,7 +195,7 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let lease = acquire_mount_lease(&store, &Keys::new(record.id), name, args.force)?;
     let fs = Arc::new(FileSystem::open(store.clone(), &record)?);
-    fs.fence_with(lease.valid());
+    fs.fence_with(lease.fence());
     let writer = match args.write_behind.as_str() {
         "yes" => Some(fs.start_write_behind()?),
         _ => None,

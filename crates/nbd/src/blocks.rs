@@ -12,10 +12,10 @@
 //! one chunk at once can lose one of the writes. Serve a volume from one
 //! adapter at a time (several connections to it are fine).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use client::lease::Fence;
 use client::{Store, WriteOp};
 use parking_lot::{Mutex, MutexGuard};
 
@@ -54,9 +54,9 @@ pub struct Blocks {
     store: Arc<dyn Store>,
     vol: Volume,
     stripes: Box<[Mutex<()>]>,
-    /// The serving lease's [`client::lease::Lease::valid`]: while it is
-    /// false, writes are refused (another adapter may be writing).
-    fence: Option<Arc<AtomicBool>>,
+    /// The serving lease's fence: while it does not hold, writes are
+    /// refused (another adapter may be writing).
+    fence: Option<Fence>,
 }
 
 /// One write (`data`) or zeroing (`None`) of a batch.
@@ -105,20 +105,18 @@ impl Blocks {
         }
     }
 
-    /// Block I/O on `vol` that refuses writes once `valid` turns false
-    /// (the serving lease was lost).
-    pub fn fenced(store: Arc<dyn Store>, vol: Volume, valid: Arc<AtomicBool>) -> Blocks {
+    /// Block I/O on `vol` that refuses writes once `fence` no longer
+    /// holds (the serving lease was lost).
+    pub fn fenced(store: Arc<dyn Store>, vol: Volume, fence: Fence) -> Blocks {
         Blocks {
-            fence: Some(valid),
+            fence: Some(fence),
             ..Blocks::new(store, vol)
         }
     }
 
     /// Whether writes are taken: no lease to lose, or it is still held.
     pub fn holds_lease(&self) -> bool {
-        self.fence
-            .as_ref()
-            .is_none_or(|v| v.load(Ordering::Acquire))
+        self.fence.as_ref().is_none_or(Fence::holds)
     }
 
     /// Refuses writes once the serving lease is lost.
@@ -814,10 +812,10 @@ mod tests {
     fn a_volume_whose_lease_is_lost_refuses_writes() {
         let store = Arc::new(MemStore::new());
         let vol = volume::create(&*store, "t", 1 << 20, 4096).expect("create");
-        let valid = Arc::new(AtomicBool::new(true));
-        let b = Blocks::fenced(store, vol, valid.clone());
+        let fence = Fence::held();
+        let b = Blocks::fenced(store, vol, fence.clone());
         b.write(0, &[1; 100], false).expect("while held");
-        valid.store(false, Ordering::Release);
+        fence.revoke();
         let e = b.write(0, &[2; 100], false).expect_err("lost");
         assert_eq!(e.errno(), crate::error::errno::EPERM, "{e}");
         assert!(b.zero(0, 4096, false, false).is_err());

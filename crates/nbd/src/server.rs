@@ -17,11 +17,11 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, IoSlice, Read};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use client::lease::{Lease, LeaseError};
+use client::lease::{Fence, Lease, LeaseError};
 use client::Store;
 use parking_lot::Mutex;
 use socket2::Socket;
@@ -152,18 +152,18 @@ impl NbdServer {
         }
     }
 
-    /// The lease-validity flag of volume `vol`, taking its lease first if
-    /// this server does not hold it yet.
+    /// The fence of volume `vol`'s lease, taking the lease first if this
+    /// server does not hold it yet.
     /// A lease found lost (taken over, or not renewed in time) is let go
     /// and taken again, or refused like any other. `--force` applies to
     /// the default export only: it names the one volume known to be
     /// abandoned.
-    fn lease_of(&self, vol: &Volume) -> Result<Arc<AtomicBool>> {
+    fn lease_of(&self, vol: &Volume) -> Result<Fence> {
         let mut leases = self.leases.lock();
         if let Some(l) = leases.get(&vol.id) {
-            let valid = l.valid();
-            if valid.load(Ordering::Acquire) {
-                return Ok(valid);
+            let fence = l.fence();
+            if fence.holds() {
+                return Ok(fence);
             }
             leases.remove(&vol.id);
         }
@@ -183,9 +183,9 @@ impl NbdServer {
             LeaseError::Client(c) => c.into(),
             LeaseError::Thread(e) => NbdError::Io(e),
         })?;
-        let valid = lease.valid();
+        let fence = lease.fence();
         leases.insert(vol.id, lease);
-        Ok(valid)
+        Ok(fence)
     }
 
     /// The volume export `name` names (the default export for ""), if
@@ -217,8 +217,8 @@ impl NbdServer {
                 return Ok(Some(b.clone()));
             }
         }
-        let valid = self.lease_of(&vol)?;
-        let blocks = Arc::new(Blocks::fenced(store, vol, valid));
+        let fence = self.lease_of(&vol)?;
+        let blocks = Arc::new(Blocks::fenced(store, vol, fence));
         exports.insert(name, blocks.clone());
         Ok(Some(blocks))
     }
