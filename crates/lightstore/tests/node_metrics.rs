@@ -113,6 +113,24 @@ fn metrics_endpoint_and_info_commandstats() {
     ] {
         assert!(info.contains(k), "{k} missing in {info}");
     }
+
+    // CONFIG RESETSTAT starts the statistics over, as in Redis.
+    assert_eq!(n.cli(&["config", "resetstat"]), "OK");
+    let info = n.cli(&["info", "commandstats"]);
+    assert!(
+        info.lines().all(|l| !l.starts_with("cmdstat_get:")),
+        "{info}"
+    );
+    assert_eq!(n.cli(&["get", "k1"]), "v");
+    let info = n.cli(&["info", "commandstats"]);
+    assert!(
+        info.lines().any(|l| l.starts_with("cmdstat_get:calls=1,")),
+        "{info}"
+    );
+    // The CONFIG, INFO and GET calls since (how a call counts itself
+    // varies), not the dozen before.
+    let total = info_field(&n, "stats", "total_commands_processed");
+    assert!(total.is_some_and(|t| (3..=5).contains(&t)), "{total:?}");
 }
 
 /// A numeric field of an INFO section.

@@ -112,6 +112,15 @@ impl Histogram {
         self.sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
+    /// Back to no samples.
+    pub fn reset(&self) {
+        for b in &self.buckets {
+            b.store(0, Ordering::Relaxed);
+        }
+        self.count.store(0, Ordering::Relaxed);
+        self.sum_us.store(0, Ordering::Relaxed);
+    }
+
     /// Copies the counters (not atomically as a whole; good enough for reports).
     pub fn snapshot(&self) -> HistogramSnapshot {
         HistogramSnapshot {
@@ -223,6 +232,24 @@ impl Metrics {
             .map(|(n, h)| (n, h.snapshot()))
             .filter(|(_, s)| s.count > 0)
             .collect()
+    }
+
+    /// Zeroes every histogram and phase total (`CONFIG RESETSTAT`). A
+    /// request recorded meanwhile may be counted in part.
+    pub fn reset(&self) {
+        for h in &self.commands {
+            h.reset();
+        }
+        let p = &self.phases;
+        for a in [
+            &p.protocol_us,
+            &p.queue_us,
+            &p.engine_us,
+            &p.device_us,
+            &p.requests,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
     }
 
     /// A copy of the phase totals.

@@ -248,10 +248,19 @@ fn settings(state: &NodeState) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// CONFIG GET pattern...; CONFIG SET/RESETSTAT/REWRITE are not supported.
+/// CONFIG GET pattern...; CONFIG RESETSTAT zeroes the request statistics
+/// (`INFO stats`, `commandstats`, `latency_breakdown`, the metrics
+/// endpoint's counters) as Redis does; CONFIG SET/REWRITE are not
+/// supported.
 fn config(state: &NodeState, args: &[Bytes]) -> Reply {
     let sub = args[1].to_ascii_uppercase();
     match sub.as_slice() {
+        b"RESETSTAT" if args.len() == 2 => {
+            state.counters.reset();
+            state.metrics.reset();
+            Reply::ok()
+        }
+        b"RESETSTAT" => errors::wrong_args("config|resetstat"),
         b"GET" if args.len() >= 3 => {
             let all = settings(state);
             let mut out = Vec::new();

@@ -55,6 +55,25 @@ impl Counters {
     pub fn bump(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Zeroes the totals (`CONFIG RESETSTAT`); connections open now stay
+    /// counted.
+    pub fn reset(&self) {
+        for c in [
+            &self.connections_received,
+            &self.rejected_connections,
+            &self.rejected_protected,
+            &self.reply_timeouts,
+            &self.commands,
+            &self.inline_sets,
+            &self.net_gets,
+        ]
+        .into_iter()
+        .chain(&self.calls)
+        {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Everything connections and executor jobs share.
