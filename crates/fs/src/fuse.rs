@@ -81,6 +81,27 @@ impl FuseFs {
     }
 }
 
+/// The attributes of a negative entry: inode 0 says "no such name".
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: std::time::UNIX_EPOCH,
+        mtime: std::time::UNIX_EPOCH,
+        ctime: std::time::UNIX_EPOCH,
+        crtime: std::time::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 fn file_type(k: Kind) -> FileType {
     match k {
         Kind::File => FileType::RegularFile,
@@ -185,7 +206,18 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.reply_entry("lookup", self.fs.lookup(parent.0, name.as_bytes()), reply);
+        match self.fs.lookup(parent.0, name.as_bytes()) {
+            // A negative entry (inode 0) that the kernel keeps for TTL, so
+            // a repeated probe of a missing name (PATH and import searches,
+            // git) costs no round trip. Safe because this mount makes every
+            // change to the file system (the lease), and the kernel turns
+            // its own negative entry positive when a name is made through
+            // it.
+            Err(crate::error::FsError::Posix(e)) if e.0 == libc::ENOENT => {
+                reply.entry(&TTL, &negative_attr(), Generation(0))
+            }
+            r => self.reply_entry("lookup", r, reply),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

@@ -329,6 +329,42 @@ fn a_tree_unpacks_survives_a_remount_and_hosts_git() {
     assert!(!String::from_utf8_lossy(&listed.stdout).contains("t1"));
 }
 
+/// A missing name is remembered by the kernel (a negative entry) for the
+/// entry timeout: probing it again asks neither the mount nor the node,
+/// and creating it through the mount makes it appear at once.
+#[test]
+fn missing_names_are_remembered_until_created() {
+    if !can_mount() {
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "neg", &mnt, &["--create"]);
+    let node = tc.nodes[0].as_ref().expect("node up");
+    assert_eq!(node.cli(&["config", "resetstat"]), "OK");
+    let missing = mnt.join("missing");
+    for _ in 0..200 {
+        assert!(std::fs::symlink_metadata(&missing).is_err());
+    }
+    let stats = node.cli(&["info", "commandstats"]);
+    let reads: u64 = stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_mget:calls="))
+        .filter_map(|l| l.split(',').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        reads < 20,
+        "{reads} reads for 200 probes of one name:\n{stats}"
+    );
+    std::fs::write(&missing, b"now here").expect("create");
+    assert_eq!(std::fs::read(&missing).expect("read"), b"now here");
+    std::fs::remove_file(&missing).expect("remove");
+    assert!(std::fs::symlink_metadata(&missing).is_err());
+    m.stop();
+}
+
 /// The workload SQLite puts on a file system: a database in WAL mode
 /// (a shared-memory index mapped from the `-shm` file) and one with a
 /// rollback journal, then VACUUM; prints each mode's integrity check and
