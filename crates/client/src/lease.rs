@@ -256,7 +256,7 @@ impl Lease {
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(step);
                         waited += step;
-                        if !fence.holds() && !warned {
+                        if !fence.holds() && !warned && !stop.load(Ordering::Relaxed) {
                             tracing::error!("the lease of {what} could not be renewed in time: refusing changes until it is");
                             warned = true;
                         }
@@ -309,11 +309,13 @@ impl Lease {
         Ok(())
     }
 
+    /// Stops renewing; then the fence no longer holds (the holder let go).
     fn stop_renewing(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.renewer.take() {
             let _ = t.join();
         }
+        self.fence.revoke();
     }
 }
 

@@ -164,9 +164,7 @@ pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The default export is served from the start: a second adapter for
     // it stops here, with the first one's name, before it touches any
     // socket (binding a Unix socket replaces the file at its path).
-    if let Some(name) = &args.export {
-        server.export(name)?;
-    }
+    server.claim_default_export()?;
     let stopper = server.clone();
     let outcome = runtime.block_on(async move {
         let tcp_addr = match (&args.listen, &args.unix) {

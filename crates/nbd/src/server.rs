@@ -82,9 +82,8 @@ pub struct Holder {
 pub struct NbdServer {
     store: Arc<dyn Store>,
     exports: Mutex<HashMap<String, Arc<Blocks>>>,
-    /// The serving lease of every volume opened so far, by volume id: held
-    /// until the server stops.
-    leases: Mutex<HashMap<u64, Lease>>,
+    /// The serving lease of every volume being served, by volume id.
+    leases: Mutex<HashMap<u64, Held>>,
     holder: Holder,
     default_export: Option<String>,
     /// Counters.
@@ -96,8 +95,33 @@ pub struct NbdServer {
     connections: AtomicU64,
 }
 
+/// A volume's lease as this server holds it.
+struct Held {
+    lease: Lease,
+    /// Connections serving the volume now.
+    users: usize,
+    /// The default export: held until the server stops.
+    pinned: bool,
+}
+
+/// One connection's use of a volume: when the last one ends, the lease
+/// of a volume other than the default export is let go, so another
+/// adapter may serve it.
+struct VolumeUse {
+    server: Arc<NbdServer>,
+    id: u64,
+}
+
+impl Drop for VolumeUse {
+    fn drop(&mut self) {
+        self.server.unuse(self.id);
+    }
+}
+
 /// What the handshake settled.
 struct Session {
+    /// Keeps the volume's lease while the connection lasts.
+    _use: VolumeUse,
     blocks: Arc<Blocks>,
     structured: bool,
     /// `base:allocation` was selected for this export.
@@ -145,29 +169,50 @@ impl NbdServer {
     /// request; or when the server could not start), so another adapter
     /// may serve them at once.
     pub fn release_leases(&self) {
-        for (_, lease) in self.leases.lock().drain() {
-            if let Err(e) = lease.release() {
-                tracing::warn!(error = %e, "could not release a volume's lease (it expires by itself)");
+        for (_, held) in self.leases.lock().drain() {
+            release(held.lease);
+        }
+    }
+
+    /// A connection serving volume `id` ended: with no other left, the
+    /// lease goes (under the lock, so a connection opening the volume
+    /// meanwhile takes it anew rather than finding it still ours).
+    fn unuse(&self, id: u64) {
+        let mut leases = self.leases.lock();
+        let Some(h) = leases.get_mut(&id) else {
+            return;
+        };
+        h.users = h.users.saturating_sub(1);
+        if h.users == 0 && !h.pinned {
+            if let Some(held) = leases.remove(&id) {
+                release(held.lease);
             }
         }
     }
 
     /// The fence of volume `vol`'s lease, taking the lease first if this
-    /// server does not hold it yet.
-    /// A lease found lost (taken over, or not renewed in time) is let go
-    /// and taken again, or refused like any other. `--force` applies to
-    /// the default export only: it names the one volume known to be
-    /// abandoned.
-    fn lease_of(&self, vol: &Volume) -> Result<Fence> {
+    /// server does not hold it yet, with one more connection counted as
+    /// serving the volume (under the same lock, so the lease cannot be let
+    /// go in between). A lease found lost (taken over, or not renewed in
+    /// time) is let go and taken again, or refused like any other.
+    /// `--force` applies to the default export only: it names the one
+    /// volume known to be abandoned.
+    fn use_volume(self: &Arc<Self>, vol: &Volume) -> Result<(Fence, VolumeUse)> {
+        let using = || VolumeUse {
+            server: self.clone(),
+            id: vol.id,
+        };
         let mut leases = self.leases.lock();
-        if let Some(l) = leases.get(&vol.id) {
-            let fence = l.fence();
+        if let Some(h) = leases.get_mut(&vol.id) {
+            let fence = h.lease.fence();
             if fence.holds() {
-                return Ok(fence);
+                h.users += 1;
+                return Ok((fence, using()));
             }
             leases.remove(&vol.id);
         }
-        let force = self.holder.force && self.default_export.as_deref() == Some(vol.name.as_str());
+        let default = self.default_export.as_deref() == Some(vol.name.as_str());
+        let force = self.holder.force && default;
         let lease = Lease::acquire(
             self.store.clone(),
             volume::lease_key(vol.id),
@@ -184,8 +229,13 @@ impl NbdServer {
             LeaseError::Thread(e) => NbdError::Io(e),
         })?;
         let fence = lease.fence();
-        leases.insert(vol.id, lease);
-        Ok(fence)
+        let held = Held {
+            lease,
+            users: 1,
+            pinned: default,
+        };
+        leases.insert(vol.id, held);
+        Ok((fence, using()))
     }
 
     /// The volume export `name` names (the default export for ""), if
@@ -199,9 +249,10 @@ impl NbdServer {
         volume::open(&*self.store, name)
     }
 
-    /// The export `name` (the default export for ""), opened for serving
-    /// once: this server takes the volume's lease first.
-    pub fn export(&self, name: &str) -> Result<Option<Arc<Blocks>>> {
+    /// The export `name` (the default export for ""), opened for serving:
+    /// this server holds the volume's lease while the returned use lasts
+    /// (the default export's, until it stops).
+    fn export(self: &Arc<Self>, name: &str) -> Result<Option<(Arc<Blocks>, VolumeUse)>> {
         // The record is read again on every open: a volume deleted and
         // created again, or resized, since it was last served gets a fresh
         // `Blocks` (the old one keeps serving the connections that have it).
@@ -210,17 +261,27 @@ impl NbdServer {
             self.exports.lock().remove(name);
             return Ok(None);
         };
+        let (fence, using) = self.use_volume(&vol)?;
         let name = vol.name.clone();
         let mut exports = self.exports.lock();
         if let Some(b) = exports.get(&name) {
             if *b.volume() == vol && b.holds_lease() {
-                return Ok(Some(b.clone()));
+                return Ok(Some((b.clone(), using)));
             }
         }
-        let fence = self.lease_of(&vol)?;
         let blocks = Arc::new(Blocks::fenced(store, vol, fence));
         exports.insert(name, blocks.clone());
-        Ok(Some(blocks))
+        Ok(Some((blocks, using)))
+    }
+
+    /// Takes the lease of the default export (at start: a second adapter
+    /// for it stops there, with the first one's name); held until the
+    /// server stops.
+    pub fn claim_default_export(self: &Arc<Self>) -> Result<()> {
+        match &self.default_export {
+            Some(name) => self.export(name).map(drop),
+            None => Ok(()),
+        }
     }
 
     /// [`Self::volume_of`] on the blocking pool.
@@ -233,7 +294,7 @@ impl NbdServer {
     async fn export_off_runtime(
         self: &Arc<Self>,
         name: &str,
-    ) -> Result<Result<Option<Arc<Blocks>>>> {
+    ) -> Result<Result<Option<(Arc<Blocks>, VolumeUse)>>> {
         let (this, name) = (self.clone(), name.to_string());
         off_runtime(move || this.export(&name)).await
     }
@@ -339,7 +400,7 @@ impl NbdServer {
             match option {
                 opt::EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data).into_owned();
-                    let Some(blocks) = self.export_off_runtime(&name).await?? else {
+                    let Some((blocks, using)) = self.export_off_runtime(&name).await?? else {
                         return Err(NbdError::Protocol(format!("no export {name:?}")));
                     };
                     let mut b = blocks.volume().size.to_be_bytes().to_vec();
@@ -350,6 +411,7 @@ impl NbdServer {
                     wr.write_all(&b).await?;
                     let allocation = allocation_for(&meta, &name);
                     return Ok(Some(Session {
+                        _use: using,
                         blocks,
                         structured,
                         allocation,
@@ -401,7 +463,7 @@ impl NbdServer {
                     let opened = if option == opt::GO {
                         self.export_off_runtime(&req.name)
                             .await?
-                            .map(|b| b.map(|b| (b.volume().clone(), Some(b))))
+                            .map(|b| b.map(|(b, using)| (b.volume().clone(), Some((b, using)))))
                     } else {
                         self.volume_off_runtime(&req.name)
                             .await?
@@ -438,9 +500,10 @@ impl NbdServer {
                             .await?;
                     }
                     wr.write_all(&reply(rep::ACK, &[])).await?;
-                    if let Some(blocks) = blocks {
+                    if let Some((blocks, using)) = blocks {
                         let allocation = allocation_for(&meta, &req.name);
                         return Ok(Some(Session {
+                            _use: using,
                             blocks,
                             structured,
                             allocation,
@@ -1195,6 +1258,14 @@ async fn accept_unix(
     match l {
         Some(l) => l.accept().await.map(|(s, _)| s),
         None => std::future::pending().await,
+    }
+}
+
+/// Deletes a lease's record (the next holder gets in at once); a failure
+/// leaves it to expire.
+fn release(lease: Lease) {
+    if let Err(e) = lease.release() {
+        tracing::warn!(error = %e, "could not release a volume's lease (it expires by itself)");
     }
 }
 
