@@ -183,6 +183,32 @@ fn tree_and_tarball(files: usize) -> (tempfile::TempDir, PathBuf) {
     (tmp, src)
 }
 
+/// A one-node cluster, and a temp dir with its mountpoint `mnt`.
+struct OneNode {
+    tc: TestCluster,
+    nodes: String,
+    tmp: tempfile::TempDir,
+    mnt: PathBuf,
+}
+
+/// File system `fs` created on a one-node cluster and mounted.
+fn mount_on_one_node(fs: &str) -> (OneNode, Mount) {
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, fs, &mnt, &["--create"]);
+    (
+        OneNode {
+            tc,
+            nodes,
+            tmp,
+            mnt,
+        },
+        m,
+    )
+}
+
 /// Waits (bounded) until `path` exists: an unpack is under way.
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -337,11 +363,8 @@ fn missing_names_are_remembered_until_created() {
     if !can_mount() {
         return;
     }
-    let tc = TestCluster::start(1);
-    let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let mnt = tmp.path().join("mnt");
-    let m = Mount::start(&nodes, "neg", &mnt, &["--create"]);
+    let (s, m) = mount_on_one_node("neg");
+    let (tc, mnt) = (&s.tc, &s.mnt);
     let node = tc.nodes[0].as_ref().expect("node up");
     assert_eq!(node.cli(&["config", "resetstat"]), "OK");
     let missing = mnt.join("missing");
@@ -448,11 +471,8 @@ fn fsynced_data_survives_kill_9_of_the_adapter() {
     if !can_mount() {
         return;
     }
-    let tc = TestCluster::start(1);
-    let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let mnt = tmp.path().join("mnt");
-    let m = Mount::start(&nodes, "k", &mnt, &["--create"]);
+    let (s, m) = mount_on_one_node("k");
+    let (nodes, tmp, mnt) = (&s.nodes, &s.tmp, &s.mnt);
     sh(&format!(
         "cd '{0}' && mkdir -p a/b && head -c 3000000 /dev/urandom > ../want && \
          dd if=../want of=a/b/f bs=64k conv=fsync status=none && mv a/b/f a/g && \
@@ -463,7 +483,7 @@ fn fsynced_data_survives_kill_9_of_the_adapter() {
     // The dead mount's lease is still valid: a mount without --force waits
     // for it to expire (the dead one was on this machine and is gone from
     // its mount table) instead of being refused; --force takes over now.
-    let mut waiting = Mount::spawn(&nodes, "k", &mnt, &[]);
+    let mut waiting = Mount::spawn(nodes, "k", mnt, &[]);
     let stderr = waiting.stderr.take().expect("stderr");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -480,19 +500,19 @@ fn fsynced_data_survives_kill_9_of_the_adapter() {
     );
     let _ = waiting.kill();
     let _ = waiting.wait();
-    let m = Mount::start(&nodes, "k", &mnt, &["--force"]);
+    let m = Mount::start(nodes, "k", mnt, &["--force"]);
     // A busy mount: the first SIGTERM cannot unmount, the second detaches.
     let mut busy = Command::new("sleep")
         .arg("30")
-        .current_dir(&mnt)
+        .current_dir(mnt)
         .spawn()
         .expect("busy");
     m.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(500));
-    assert!(is_mounted(&mnt), "unmounted while busy");
+    assert!(is_mounted(mnt), "unmounted while busy");
     m.signal(libc::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while is_mounted(&mnt) {
+    while is_mounted(mnt) {
         assert!(
             Instant::now() < deadline,
             "not detached after a second SIGTERM"
@@ -502,7 +522,7 @@ fn fsynced_data_survives_kill_9_of_the_adapter() {
     let _ = busy.kill();
     let _ = busy.wait();
     m.stop();
-    let m = Mount::start(&nodes, "k", &mnt, &[]);
+    let m = Mount::start(nodes, "k", mnt, &[]);
     sh(&format!(
         "cmp '{}/a/g' '{}/want' && test ! -e '{}/a/b/f'",
         mnt.display(),
@@ -554,11 +574,8 @@ fn pjdfstest_passes() {
     if !can_mount() || !have_tools(&["pjdfstest"]) {
         return;
     }
-    let tc = TestCluster::start(1);
-    let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let mnt = tmp.path().join("mnt");
-    let m = Mount::start(&nodes, "pjd", &mnt, &["--create"]);
+    let (s, m) = mount_on_one_node("pjd");
+    let mnt = &s.mnt;
     let t = mnt.join("t");
     std::fs::create_dir(&t).expect("dir");
     std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o777)).expect("chmod");
@@ -592,11 +609,8 @@ fn fsx_dbench_stress_ng_and_fio_verify_run_clean() {
     if !can_mount() || !have_tools(&["fsx", "dbench", "stress-ng", "fio"]) {
         return;
     }
-    let tc = TestCluster::start(1);
-    let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let mnt = tmp.path().join("mnt");
-    let m = Mount::start(&nodes, "tools", &mnt, &["--create"]);
+    let (s, m) = mount_on_one_node("tools");
+    let mnt = &s.mnt;
     let d = mnt.display();
     // fsx: random reads, writes, mmap reads and writes, truncations and
     // reopens of one file, each checked against its own copy.
