@@ -69,12 +69,12 @@ pub struct Stats {
 }
 
 /// Who serves: the name a refused adapter is shown, and whether to take
-/// volumes over from adapters that hold their leases.
+/// the default export over from an adapter that holds its lease.
 #[derive(Clone, Debug)]
 pub struct Holder {
     /// Shown to an adapter refused a volume this one serves.
     pub name: String,
-    /// Take each volume's lease whoever holds it (`--force`).
+    /// Take the default export's lease whoever holds it (`--force`).
     pub force: bool,
 }
 
@@ -131,7 +131,8 @@ struct Session {
 impl NbdServer {
     /// A server over `store`; `default_export` answers the empty export
     /// name. It serves a volume only while it holds the volume's lease,
-    /// taken as `holder` when a client first opens it.
+    /// taken as `holder` while connections serve the volume (see
+    /// `use_volume`).
     pub fn new(
         store: Arc<dyn Store>,
         default_export: Option<String>,
