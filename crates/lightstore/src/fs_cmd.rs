@@ -324,7 +324,7 @@ fn acquire_mount_lease(
 }
 
 /// Whether two lease holders (see [`this_process`]) are on one machine.
-fn same_machine(a: &str, b: &str) -> bool {
+pub(crate) fn same_machine(a: &str, b: &str) -> bool {
     // An empty host name (no /etc/hostname) says nothing.
     let host = |h: &str| {
         h.rsplit_once(" pid ")
@@ -341,6 +341,22 @@ fn mounted_here(name: &str) -> bool {
         t.lines()
             .any(|l| l.split_whitespace().next() == Some(fsname.as_str()))
     })
+}
+
+/// Whether `holder` (see [`this_process`]) names a process of this
+/// machine that has ended (no such pid, or not a `lightstore` process).
+pub(crate) fn ended_here(holder: &str) -> bool {
+    let Some(pid) = holder
+        .rsplit_once(" pid ")
+        .and_then(|(_, pid)| pid.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    if !same_machine(holder, &this_process()) {
+        return false;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map_or(true, |comm| !comm.trim().starts_with("lightstore"))
 }
 
 /// This process as a lease holder names it: host and pid.

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use client::{Cluster, Store};
@@ -160,11 +160,11 @@ pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
         name: crate::fs_cmd::this_process(),
         force: args.force,
     };
-    let server = NbdServer::new(cluster, args.export.clone(), holder);
+    let server = NbdServer::new(cluster.clone(), args.export.clone(), holder);
     // The default export is served from the start: a second adapter for
     // it stops here, with the first one's name, before it touches any
     // socket (binding a Unix socket replaces the file at its path).
-    server.claim_default_export()?;
+    claim_default_export(&server, &*cluster, args.export.as_deref())?;
     let stopper = server.clone();
     let outcome = runtime.block_on(async move {
         let tcp_addr = match (&args.listen, &args.unix) {
@@ -226,6 +226,39 @@ pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             Err(e)
         }
+    }
+}
+
+/// Takes the default export's lease. One held by an adapter of this
+/// machine that has ended (killed, crashed: a restart) is waited for until
+/// it expires (at most 15 s, saying so) instead of refused.
+fn claim_default_export(
+    server: &Arc<NbdServer>,
+    store: &dyn Store,
+    name: Option<&str>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + client::lease::TTL + Duration::from_secs(1);
+    let mut told = false;
+    loop {
+        let refused = match server.claim_default_export() {
+            Err(nbd::NbdError::Held(why)) => why,
+            other => return Ok(other?),
+        };
+        let ended = match name.map(|n| volume::open(store, n)).transpose()?.flatten() {
+            Some(vol) => client::lease::live_holding(store, &volume::lease_key(vol.id))?
+                .is_some_and(|h| crate::fs_cmd::ended_here(&h.holder)),
+            None => false,
+        };
+        if !ended || Instant::now() >= deadline {
+            return Err(refused.into());
+        }
+        if !told {
+            eprintln!(
+                "lightstore nbd: waiting for the lease of an adapter of this machine that has ended to expire ({refused})"
+            );
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -464,6 +464,38 @@ fn one_adapter_serves_a_volume_at_a_time() {
     drop(other);
 }
 
+/// An adapter restarted after a SIGKILL (a supervisor's restart) waits for
+/// the dead one's lease to expire, since it was on this machine, instead
+/// of being refused; then it serves what the dead one acknowledged.
+#[test]
+fn a_killed_adapter_restarts_once_its_lease_expires() {
+    if !have_tools(&["qemu-io"]) {
+        return;
+    }
+    let mut s = setup("16M");
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x33 0 1M", &s.nbd.uri("vol1")],
+    );
+    let _ = s.nbd.child.kill();
+    let _ = s.nbd.child.wait();
+    let again = NbdProc::start_within(
+        &format!("127.0.0.1:{}", s._node.port),
+        &s.tmp.path().join("again.sock"),
+        &["--export", "vol1"],
+        Duration::from_secs(30),
+    );
+    assert!(
+        again.log_text().contains("waiting for the lease"),
+        "{}",
+        again.log_text()
+    );
+    run(
+        "qemu-io",
+        &["-f", "raw", "-c", "read -P 0x33 0 1M", &again.uri("vol1")],
+    );
+}
+
 /// Many connections at once (more than the tokio blocking pool would hold
 /// if each kept threads from it), a new one still served, and a SIGTERM
 /// with all of them open drains, flushes and exits 0.

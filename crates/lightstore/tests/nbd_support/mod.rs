@@ -47,6 +47,11 @@ pub struct NbdProc {
 impl NbdProc {
     /// `lightstore nbd --nodes NODES --unix SOCKET` plus `extra` flags.
     pub fn start(nodes: &str, socket: &Path, extra: &[&str]) -> NbdProc {
+        NbdProc::start_within(nodes, socket, extra, Duration::from_secs(10))
+    }
+
+    /// [`NbdProc::start`], ready within `limit`.
+    pub fn start_within(nodes: &str, socket: &Path, extra: &[&str], limit: Duration) -> NbdProc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lightstore"))
             .args(["nbd", "--nodes", nodes, "--unix"])
             .arg(socket)
@@ -65,7 +70,7 @@ impl NbdProc {
                 log2.lock().expect("log").push(line);
             }
         });
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + limit;
         loop {
             if log
                 .lock()
@@ -84,7 +89,7 @@ impl NbdProc {
             }
             assert!(
                 Instant::now() < deadline,
-                "lightstore nbd not ready in 10 s"
+                "lightstore nbd not ready in {limit:?}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
