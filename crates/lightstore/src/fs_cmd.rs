@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use client::{Cluster, Store};
@@ -14,6 +14,7 @@ use fs::registry::{self, DEFAULT_CHUNK_SIZE};
 use fs::FileSystem;
 
 use crate::cluster_cmd::ClusterTarget;
+use crate::holder::{claim_or_wait, same_machine, this_process};
 
 /// How often a mount writes back changed inodes.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -301,37 +302,20 @@ fn acquire_mount_lease(
     force: bool,
 ) -> Result<fs::lease::Lease, Box<dyn std::error::Error>> {
     let me = this_process();
-    let deadline = Instant::now() + fs::lease::TTL + Duration::from_secs(1);
-    let mut told = false;
-    loop {
-        let refused = match fs::lease::acquire(store.clone(), keys, &me, force) {
-            Err(fs::FsError::Refused(why)) => why,
-            other => return Ok(other?),
-        };
-        let finishing = fs::lease::live_holding(&**store, keys)?
-            .is_some_and(|h| same_machine(&h.holder, &me) && !mounted_here(name));
-        if !finishing || Instant::now() >= deadline {
-            return Err(refused.into());
-        }
-        if !told {
-            eprintln!(
-                "lightstore mount: waiting for the last mount of {name} on this machine to let go ({refused})"
-            );
-            told = true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Whether two lease holders (see [`this_process`]) are on one machine.
-pub(crate) fn same_machine(a: &str, b: &str) -> bool {
-    // An empty host name (no /etc/hostname) says nothing.
-    let host = |h: &str| {
-        h.rsplit_once(" pid ")
-            .map(|(host, _)| host.to_string())
-            .filter(|host| !host.is_empty())
-    };
-    host(a).is_some_and(|x| Some(x) == host(b))
+    claim_or_wait(
+        &format!(
+            "lightstore mount: waiting for the last mount of {name} on this machine to let go"
+        ),
+        || fs::lease::acquire(store.clone(), keys, &me, force),
+        |e| match e {
+            fs::FsError::Refused(why) => Some(why.clone()),
+            _ => None,
+        },
+        || {
+            Ok(fs::lease::live_holding(&**store, keys)?
+                .is_some_and(|h| same_machine(&h.holder, &me) && !mounted_here(name)))
+        },
+    )
 }
 
 /// Whether this machine's mount table holds a mount of file system `name`.
@@ -341,31 +325,4 @@ fn mounted_here(name: &str) -> bool {
         t.lines()
             .any(|l| l.split_whitespace().next() == Some(fsname.as_str()))
     })
-}
-
-/// Whether `holder` (see [`this_process`]) names a process of this
-/// machine that has ended (no such pid, or not a `lightstore` process).
-pub(crate) fn ended_here(holder: &str) -> bool {
-    let Some(pid) = holder
-        .rsplit_once(" pid ")
-        .and_then(|(_, pid)| pid.trim().parse::<u32>().ok())
-    else {
-        return false;
-    };
-    if !same_machine(holder, &this_process()) {
-        return false;
-    }
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map_or(true, |comm| !comm.trim().starts_with("lightstore"))
-}
-
-/// This process as a lease holder names it: host and pid.
-pub(crate) fn this_process() -> String {
-    format!(
-        "{} pid {}",
-        std::fs::read_to_string("/etc/hostname")
-            .unwrap_or_default()
-            .trim(),
-        std::process::id()
-    )
 }

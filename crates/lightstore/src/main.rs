@@ -19,6 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench;
 mod cluster_cmd;
 mod fs_cmd;
+mod holder;
 mod nbd_cmd;
 mod node;
 mod up;

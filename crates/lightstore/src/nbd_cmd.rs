@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use client::{Cluster, Store};
@@ -11,6 +11,7 @@ use nbd::volume::{self, DEFAULT_CHUNK_SIZE};
 use nbd::{Holder, NbdServer};
 
 use crate::cluster_cmd::ClusterTarget;
+use crate::holder::{claim_or_wait, ended_here, this_process};
 
 /// How long a stopping server waits for requests in flight.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -157,7 +158,7 @@ pub fn run_nbd(args: NbdArgs) -> Result<(), Box<dyn std::error::Error>> {
         .enable_all()
         .build()?;
     let holder = Holder {
-        name: crate::fs_cmd::this_process(),
+        name: this_process(),
         force: args.force,
     };
     let server = NbdServer::new(cluster.clone(), args.export.clone(), holder);
@@ -237,29 +238,21 @@ fn claim_default_export(
     store: &dyn Store,
     name: Option<&str>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let deadline = Instant::now() + client::lease::TTL + Duration::from_secs(1);
-    let mut told = false;
-    loop {
-        let refused = match server.claim_default_export() {
-            Err(nbd::NbdError::Held(why)) => why,
-            other => return Ok(other?),
-        };
-        let ended = match name.map(|n| volume::open(store, n)).transpose()?.flatten() {
-            Some(vol) => client::lease::live_holding(store, &volume::lease_key(vol.id))?
-                .is_some_and(|h| crate::fs_cmd::ended_here(&h.holder)),
-            None => false,
-        };
-        if !ended || Instant::now() >= deadline {
-            return Err(refused.into());
-        }
-        if !told {
-            eprintln!(
-                "lightstore nbd: waiting for the lease of an adapter of this machine that has ended to expire ({refused})"
-            );
-            told = true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    claim_or_wait(
+        "lightstore nbd: waiting for the lease of an adapter of this machine that has ended to expire",
+        || server.claim_default_export(),
+        |e| match e {
+            nbd::NbdError::Held(why) => Some(why.clone()),
+            _ => None,
+        },
+        || {
+            let Some(vol) = name.map(|n| volume::open(store, n)).transpose()?.flatten() else {
+                return Ok(false);
+            };
+            Ok(client::lease::live_holding(store, &volume::lease_key(vol.id))?
+                .is_some_and(|h| ended_here(&h.holder)))
+        },
+    )
 }
 
 /// Completes on SIGINT or SIGTERM.
