@@ -312,8 +312,9 @@ fn acquire_mount_lease(
             _ => None,
         },
         || {
+            // Gone since the attempt (expired, released): try again.
             Ok(fs::lease::live_holding(&**store, keys)?
-                .is_some_and(|h| same_machine(&h.holder, &me) && !mounted_here(name)))
+                .is_none_or(|h| same_machine(&h.holder, &me) && !mounted_here(name)))
         },
     )
 }

@@ -45,8 +45,9 @@ pub fn ended_here(holder: &str) -> bool {
 
 /// Calls `claim` until it takes the lease or fails for another reason
 /// than a live holder (`held` picks that reason out, with its words),
-/// while `waitable` says the holder is letting go or has ended, for at
-/// most the lease's lifetime; says once, as `waiting`, why it waits.
+/// while `waitable` says the holder is letting go or has ended (or is
+/// gone since the attempt: the lease may expire between the two), for
+/// at most the lease's lifetime; says once, as `waiting`, why it waits.
 pub fn claim_or_wait<T, E: Into<Box<dyn Error>>>(
     waiting: &str,
     mut claim: impl FnMut() -> Result<T, E>,

@@ -249,8 +249,9 @@ fn claim_default_export(
             let Some(vol) = name.map(|n| volume::open(store, n)).transpose()?.flatten() else {
                 return Ok(false);
             };
+            // Gone since the attempt (expired, released): try again.
             Ok(client::lease::live_holding(store, &volume::lease_key(vol.id))?
-                .is_some_and(|h| ended_here(&h.holder)))
+                .is_none_or(|h| ended_here(&h.holder)))
         },
     )
 }
