@@ -532,32 +532,12 @@ impl FileSystem {
         Ok(out)
     }
 
-    /// Deletes every key in `[start, end)`, each page as it is listed:
-    /// memory and requests stay bounded whatever the range holds. A
-    /// listing may show keys deleted recently: only those that still hold
-    /// a value are deleted (no tombstone written twice).
+    /// Deletes every key in `[start, end)` once the queue holds no change
+    /// to them ([`Store::delete_range`]: page by page, bounded whatever the
+    /// range holds).
     pub(crate) fn delete_listed(&self, start: &[u8], end: &[u8]) -> Result<()> {
         self.settle_range(start, end)?;
-        for_each_page(
-            start,
-            |from, n| self.store.range_keys(from, end, n),
-            |k| k,
-            |page| {
-                let refs: Vec<&[u8]> = page.iter().map(|k| &k[..]).collect();
-                let held = if refs.is_empty() {
-                    Vec::new()
-                } else {
-                    self.store.exists(&refs)?
-                };
-                let keys: Vec<Vec<u8>> = page
-                    .iter()
-                    .zip(held)
-                    .filter(|(_, held)| *held)
-                    .map(|(k, _)| k.to_vec())
-                    .collect();
-                self.delete_keys(&keys)
-            },
-        )
+        Ok(self.store.delete_range(start, end, PAGE)?)
     }
 
     /// Every live pair in `[start, end)`, read page by page.

@@ -243,37 +243,11 @@ pub fn delete(store: &Arc<dyn Store>, name: &str, force: bool) -> Result<()> {
 /// Deletes the chunks of volume `id` from index `from` on, a page of keys
 /// at a time (values are never read).
 fn delete_chunks(store: &dyn Store, id: u64, from: u64) -> Result<()> {
-    const PAGE: usize = 1024;
-    let mut start = chunk_key(id, from);
     let end = match id.checked_add(1) {
         Some(next) => chunk_key(next, 0),
         None => [CHUNK_PREFIX, &[0xff; 17]].concat(),
     };
-    loop {
-        // A listing may show keys deleted recently: page on from the last,
-        // and delete only what still holds a value.
-        let page = store.range_keys(&start, &end, PAGE)?;
-        let refs: Vec<&[u8]> = page.iter().map(|k| &k[..]).collect();
-        let held = if refs.is_empty() {
-            Vec::new()
-        } else {
-            store.exists(&refs)?
-        };
-        let ops: Vec<client::WriteOp<'_>> = page
-            .iter()
-            .zip(held)
-            .filter(|(_, held)| *held)
-            .map(|(k, _)| (&k[..], None))
-            .collect();
-        store.write(&ops)?;
-        match page.last() {
-            Some(last) if page.len() == PAGE => {
-                start = last.to_vec();
-                start.push(0);
-            }
-            _ => return Ok(()),
-        }
-    }
+    Ok(store.delete_range(&chunk_key(id, from), &end, 1024)?)
 }
 
 fn random_id() -> u64 {
