@@ -26,6 +26,11 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<Time>,
+    /// Clear set-user-ID and set-group-ID as [`Inode::drop_set_id`] does
+    /// (unless `mode` is set): the owner changes, or a caller without
+    /// `CAP_FSETID` truncates. The kernel leaves this to the file system
+    /// once it offers `FUSE_HANDLE_KILLPRIV_V2` (see `crate::fuse`).
+    pub drop_set_id: bool,
 }
 
 /// How `setxattr` may treat an existing attribute.
@@ -70,6 +75,9 @@ impl FileSystem {
         if let Some(gid) = set.gid {
             i.gid = gid;
         }
+        if set.drop_set_id && set.mode.is_none() {
+            i.drop_set_id();
+        }
         if let Some(size) = set.size {
             if size != i.size || set.mtime.is_none() {
                 i.mtime = now;
@@ -90,6 +98,19 @@ impl FileSystem {
         let out = i.clone();
         txn.commit()?;
         Ok(out)
+    }
+
+    /// Clears `ino`'s set-user-ID and set-group-ID bits as a write by a
+    /// caller without `CAP_FSETID` does ([`Inode::drop_set_id`]).
+    pub fn drop_set_id(&self, ino: u64) -> Result<()> {
+        self.writable()?;
+        let now = Time::now();
+        self.update_cached(ino, |c| {
+            if c.inode.drop_set_id() {
+                c.inode.ctime = now;
+                c.dirty = true;
+            }
+        })
     }
 
     /// Sets xattr `name` of `ino` to `value`.

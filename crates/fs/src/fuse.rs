@@ -188,7 +188,14 @@ impl Filesystem for FuseFs {
         let mut wanted = fuser::InitFlags::FUSE_PARALLEL_DIROPS
             | fuser::InitFlags::FUSE_CACHE_SYMLINKS
             | fuser::InitFlags::FUSE_DO_READDIRPLUS
-            | fuser::InitFlags::FUSE_READDIRPLUS_AUTO;
+            | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
+            // Set-user-ID and set-group-ID bits are cleared here on write,
+            // truncation and owner change (`Inode::drop_set_id`), so the
+            // kernel need not ask for `security.capability` before every
+            // write (a round trip that queued behind the write-back of
+            // earlier writes: the writer stalled on each call). The kernel
+            // still asks once per file, and removes a capability itself.
+            | fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         if self.writeback {
             wanted |= fuser::InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -232,7 +239,7 @@ impl Filesystem for FuseFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -256,6 +263,11 @@ impl Filesystem for FuseFs {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
             ctime: ctime.map(Time::from_system),
+            // What the kernel asks with FATTR_KILL_SUIDGID (which fuser
+            // does not pass on): always when the owner changes; on a
+            // truncation when the caller lacks CAP_FSETID, taken here as
+            // not being root.
+            drop_set_id: uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0),
         };
         self.reply_attr("setattr", self.fs.setattr(ino.0, &set), reply);
     }
@@ -397,11 +409,16 @@ impl Filesystem for FuseFs {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            if let Err(e) = self.fs.drop_set_id(ino.0) {
+                return reply.error(errno("write", &e));
+            }
+        }
         match self.fs.write(ino.0, offset, data) {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno("write", &e)),

@@ -128,6 +128,25 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// Clears set-user-ID, and set-group-ID when group execution is
+    /// allowed (without it the bit means mandatory locking, which a write
+    /// keeps), as Linux does when a file is written or truncated by a
+    /// caller without `CAP_FSETID`, or its owner changes. Returns whether a
+    /// bit was cleared. Directories keep theirs (set-group-ID on a
+    /// directory is inheritance, not privilege).
+    pub fn drop_set_id(&mut self) -> bool {
+        if self.kind == Kind::Dir {
+            return false;
+        }
+        let before = self.perm;
+        self.perm &= !(libc::S_ISUID as u16);
+        let group_exec = (libc::S_ISGID | libc::S_IXGRP) as u16;
+        if self.perm & group_exec == group_exec {
+            self.perm &= !(libc::S_ISGID as u16);
+        }
+        self.perm != before
+    }
+
     /// A new inode made now.
     pub fn new(ino: u64, kind: Kind, perm: u16, uid: u32, gid: u32) -> Inode {
         let now = Time::now();
@@ -244,6 +263,21 @@ mod tests {
             (9, Kind::Dir)
         );
         assert!(decode_dentry(b"short").is_err());
+    }
+
+    #[test]
+    fn set_id_bits_drop_as_linux_drops_them() {
+        let perm_after = |kind, perm| {
+            let mut i = Inode::new(2, kind, perm, 0, 0);
+            let dropped = i.drop_set_id();
+            (i.perm, dropped)
+        };
+        assert_eq!(perm_after(Kind::File, 0o6755), (0o0755, true));
+        assert_eq!(perm_after(Kind::File, 0o4700), (0o0700, true));
+        // Set-group-ID without group execution is a locking mark: kept.
+        assert_eq!(perm_after(Kind::File, 0o2644), (0o2644, false));
+        assert_eq!(perm_after(Kind::File, 0o1755), (0o1755, false));
+        assert_eq!(perm_after(Kind::Dir, 0o2775), (0o2775, false));
     }
 
     #[test]

@@ -292,6 +292,35 @@ fn sparse_files_and_truncation_read_zeros() {
 }
 
 #[test]
+fn set_id_bits_drop_when_asked_and_survive_a_remount() {
+    let (store, fs, rec) = new_fs(4096);
+    let mut new = node(Kind::File);
+    new.perm = 0o6755;
+    let f = fs.make(ME, ROOT, b"f", new).expect("f");
+    let chown = SetAttr {
+        uid: Some(7),
+        drop_set_id: true,
+        ..Default::default()
+    };
+    assert_eq!(fs.setattr(f.ino, &chown).expect("chown").perm, 0o755);
+    // An explicit mode in the same call wins.
+    let both = SetAttr {
+        mode: Some(0o4711),
+        drop_set_id: true,
+        ..Default::default()
+    };
+    assert_eq!(fs.setattr(f.ino, &both).expect("chmod").perm, 0o4711);
+    // A write by a caller without CAP_FSETID.
+    fs.drop_set_id(f.ino).expect("drop");
+    fs.write(f.ino, 0, b"data").expect("write");
+    assert_eq!(fs.inode(f.ino).expect("stat").perm, 0o711);
+    fs.flush_all().expect("flush");
+    drop(fs);
+    let fs = FileSystem::open(store, &rec).expect("reopen");
+    assert_eq!(fs.inode(f.ino).expect("stat").perm, 0o711);
+}
+
+#[test]
 fn files_reach_the_kernels_size_limit() {
     // The kernel caches writes up to MAX_LFS_FILESIZE (i64::MAX) before
     // the adapter sees them, so the adapter must take all of them.

@@ -388,6 +388,74 @@ fn missing_names_are_remembered_until_created() {
     m.stop();
 }
 
+/// Writes, truncations and owner changes on files with set-user-ID and
+/// set-group-ID bits, by an unprivileged user (uid 65534, without
+/// `CAP_FSETID`) and by root; prints each file's mode afterwards.
+const SET_ID_WORKLOAD: &str = r#"
+import os, sys
+d, user = sys.argv[1], 65534
+def as_user(uid, fn):
+    pid = os.fork()
+    if pid == 0:
+        os.setresgid(user, user, user); os.setresuid(uid, uid, uid); fn(); os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+def make(name, mode):
+    p = os.path.join(d, name)
+    with open(p, "wb") as f: f.write(b"x" * 5000)
+    os.chown(p, user, user); os.chmod(p, mode)
+    return p
+def write(p):
+    with open(p, "r+b") as f: f.seek(100); f.write(b"y" * 10)
+for who, uid in (("user", user), ("root", 0)):
+    for mode in (0o4755, 0o2775, 0o2644, 0o6711):
+        for op, fn in (("write", write), ("truncate", lambda p: os.truncate(p, 10))):
+            p = make(f"{who}-{op}-{mode:o}", mode)
+            as_user(uid, lambda: fn(p))
+            print(f"{op} by {who} of {mode:o}: {os.stat(p).st_mode & 0o7777:o}")
+for mode in (0o4755, 0o2775, 0o2644, 0o6755):
+    p = make(f"chown-{mode:o}", mode); os.chown(p, 0, -1)
+    print(f"chown by root of {mode:o}: {os.stat(p).st_mode & 0o7777:o}")
+"#;
+
+/// The mount clears set-user-ID and set-group-ID bits where a local file
+/// system does (it tells the kernel it does, `FUSE_HANDLE_KILLPRIV_V2`,
+/// so that writes are not each preceded by a `security.capability`
+/// lookup).
+#[test]
+fn set_id_bits_clear_as_on_a_local_disk() {
+    if !can_mount() || !have_tools(&["python3"]) {
+        return;
+    }
+    let (s, m) = mount_on_one_node("setid");
+    let run = |dir: &Path| {
+        std::fs::create_dir_all(dir).expect("dir");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let script = s.tmp.path().join("setid.py");
+        std::fs::write(&script, SET_ID_WORKLOAD).expect("script");
+        let out = sh(&format!(
+            "python3 '{}' '{}'",
+            script.display(),
+            dir.display()
+        ));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let local = run(&s.tmp.path().join("local"));
+    for line in [
+        "write by user of 4755: 755",
+        "truncate by user of 2775: 775",
+        "write by user of 2644: 2644",
+        "write by root of 6711: 6711",
+        "chown by root of 6755: 755",
+    ] {
+        assert!(
+            local.contains(line),
+            "local disk: {line} expected in\n{local}"
+        );
+    }
+    assert_eq!(run(&s.mnt.join("t")), local);
+    m.stop();
+}
+
 /// The workload SQLite puts on a file system: a database in WAL mode
 /// (a shared-memory index mapped from the `-shm` file) and one with a
 /// rollback journal, then VACUUM; prints each mode's integrity check and
