@@ -195,7 +195,11 @@ impl Filesystem for FuseFs {
             // write (a round trip that queued behind the write-back of
             // earlier writes: the writer stalled on each call). The kernel
             // still asks once per file, and removes a capability itself.
-            | fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // O_DIRECT reads and writes submitted together (libaio,
+            // io_uring) reach the adapter together; without it the kernel
+            // sends them one at a time.
+            | fuser::InitFlags::FUSE_ASYNC_DIO;
         if self.writeback {
             wanted |= fuser::InitFlags::FUSE_WRITEBACK_CACHE;
         }

@@ -712,13 +712,28 @@ fn fsx_dbench_stress_ng_and_fio_verify_run_clean() {
             "{text}"
         );
     }
-    // fio writes with crc32c verification, sequential and random.
+    // fio writes with crc32c verification, sequential and random, through
+    // the page cache and with O_DIRECT (16 in flight at once).
     for rw in ["write", "randwrite"] {
-        sh(&format!(
-            "timeout 300 fio --name=v --filename='{d}/fio-{rw}.dat' --rw={rw} --bs=8k --size=24M \
-             --ioengine=psync --verify=crc32c --do_verify=1 --output=/dev/null"
-        ));
+        for io in [
+            "--ioengine=psync",
+            "--ioengine=libaio --iodepth=16 --direct=1",
+        ] {
+            sh(&format!(
+                "timeout 300 fio --name=v --filename='{d}/fio-{rw}.dat' --rw={rw} --bs=8k --size=24M \
+                 {io} --verify=crc32c --do_verify=1 --output=/dev/null"
+            ));
+        }
     }
+    // O_DIRECT and the page cache see each other's writes.
+    let mixed = sh(&format!(
+        "cd '{d}' && head -c 8M /dev/urandom > ref && cp ref mixed && \
+         dd if=/dev/urandom of=patch bs=64k count=3 status=none && \
+         dd if=patch of=ref bs=64k seek=5 conv=notrunc status=none && \
+         dd if=patch of=mixed bs=64k seek=5 conv=notrunc oflag=direct status=none && \
+         cmp ref mixed && dd if=mixed bs=1M iflag=direct status=none | cmp - ref && echo same"
+    ));
+    assert!(String::from_utf8_lossy(&mixed.stdout).contains("same"));
     m.stop();
 }
 
