@@ -437,7 +437,16 @@ impl Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        Self::reply_empty("flush", self.fs.flush_inode(ino.0), reply);
+        // Every close() sends a FLUSH, a round trip that a create (LOOKUP,
+        // CREATE, GETATTR of the directory, FLUSH, RELEASE) could do
+        // without: RELEASE writes the inode back as well, and the kernel
+        // itself writes back cached pages and reports their errors before
+        // it sends FLUSH. ENOSYS (after this first write-back) tells the
+        // kernel to stop sending it; close() then returns 0.
+        match self.fs.flush_inode(ino.0) {
+            Ok(()) => reply.error(Errno::ENOSYS),
+            Err(e) => reply.error(errno("flush", &e)),
+        }
     }
 
     fn release(
