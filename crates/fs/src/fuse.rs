@@ -665,7 +665,7 @@ impl Filesystem for FuseFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -673,9 +673,17 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        // Like a write (`file_modified`): the kernel leaves clearing the
+        // set-ID bits to us (FUSE_HANDLE_KILLPRIV_V2) without saying so;
+        // a caller other than root is taken to lack CAP_FSETID.
+        let r = if req.uid() != 0 {
+            self.fs.drop_set_id(ino.0)
+        } else {
+            Ok(())
+        };
         Self::reply_empty(
             "fallocate",
-            self.fs.fallocate(ino.0, offset, length, mode),
+            r.and_then(|()| self.fs.fallocate(ino.0, offset, length, mode)),
             reply,
         );
     }

@@ -388,7 +388,7 @@ fn missing_names_are_remembered_until_created() {
     m.stop();
 }
 
-/// Writes, truncations and owner changes on files with set-user-ID and
+/// Writes, truncations, fallocate and owner changes on files with set-user-ID and
 /// set-group-ID bits, by an unprivileged user (uid 65534, without
 /// `CAP_FSETID`) and by root; prints each file's mode afterwards.
 const SET_ID_WORKLOAD: &str = r#"
@@ -406,9 +406,15 @@ def make(name, mode):
     return p
 def write(p):
     with open(p, "r+b") as f: f.seek(100); f.write(b"y" * 10)
+def fallocate(p):
+    fd = os.open(p, os.O_RDWR); os.posix_fallocate(fd, 0, 100000); os.close(fd)
+def open_truncate(p):
+    os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
+ops = (("write", write), ("truncate", lambda p: os.truncate(p, 10)),
+       ("fallocate", fallocate), ("O_TRUNC", open_truncate))
 for who, uid in (("user", user), ("root", 0)):
     for mode in (0o4755, 0o2775, 0o2644, 0o6711):
-        for op, fn in (("write", write), ("truncate", lambda p: os.truncate(p, 10))):
+        for op, fn in ops:
             p = make(f"{who}-{op}-{mode:o}", mode)
             as_user(uid, lambda: fn(p))
             print(f"{op} by {who} of {mode:o}: {os.stat(p).st_mode & 0o7777:o}")
@@ -444,6 +450,8 @@ fn set_id_bits_clear_as_on_a_local_disk() {
         "write by user of 4755: 755",
         "truncate by user of 2775: 775",
         "write by user of 2644: 2644",
+        "fallocate by user of 4755: 755",
+        "O_TRUNC by user of 2775: 775",
         "write by root of 6711: 6711",
         "chown by root of 6755: 755",
     ] {
