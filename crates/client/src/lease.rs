@@ -3,9 +3,17 @@
 //! under the thing's lease key (owner, expiry, holder) and renews it every
 //! [`RENEW`]; another is refused while a lease not its own has not
 //! expired. A crashed holder's lease expires within [`TTL`]; `force`
-//! takes over a lease known to be dead. Two holders racing both write and
-//! then read back: the cluster orders the two writes, so exactly one reads
-//! its own and proceeds.
+//! takes over a lease known to be dead.
+//!
+//! The cluster has no compare-and-set, so taking a lease is check, write,
+//! read back, and read again [`SETTLE`] later. Two takers that both found
+//! the lease free each write theirs; the later write wins everywhere. The
+//! read back catches a rival that wrote before it, the second read a
+//! rival that checked before our write and wrote after our read back (its
+//! write follows its check by one round trip, far less than `SETTLE`).
+//! Only a rival stalled longer than that between its check and its write
+//! slips through, and its record then ends our lease at our next renewal
+//! (within [`RENEW`]).
 //!
 //! Fencing: the lease's [`Fence`] holds only while its holder knows it
 //! holds it. A renewal that finds another owner (a forced takeover), or no
@@ -27,6 +35,9 @@ pub const TTL: Duration = Duration::from_secs(15);
 pub const RENEW: Duration = Duration::from_secs(5);
 /// How long before expiry a holder that could not renew stops writing.
 const MARGIN: Duration = Duration::from_secs(3);
+/// How long a new holder waits before reading its lease record a second
+/// time (see the module doc).
+pub const SETTLE: Duration = Duration::from_millis(200);
 
 /// What a holder checks before each change: whether it still holds its
 /// lease, that is, no one took it over and its last renewal is recent
@@ -179,6 +190,24 @@ pub fn live_holder(store: &dyn Store, key: &[u8]) -> Result<Option<String>, Clie
     }))
 }
 
+/// Reads the lease record under `key` after `wait`: Ok if it is still
+/// `owner`'s, else who took it.
+fn ours_after(
+    store: &dyn Store,
+    key: &[u8],
+    owner: &str,
+    wait: Duration,
+) -> Result<(), LeaseError> {
+    std::thread::sleep(wait);
+    match read(store, key)? {
+        Some(r) if r.owner == owner => Ok(()),
+        other => Err(LeaseError::Held(format!(
+            "taken at the same moment by {}",
+            other.map_or("someone unknown".into(), |r| r.holder)
+        ))),
+    }
+}
+
 /// Renews the lease if it is still `owner`'s: false if another took it.
 fn renew(
     store: &dyn Store,
@@ -227,15 +256,8 @@ impl Lease {
             holder: holder.clone(),
         };
         store.put(&key, record(&owner).encode().as_bytes())?;
-        match read(&*store, &key)? {
-            Some(r) if r.owner == owner => {}
-            other => {
-                return Err(LeaseError::Held(format!(
-                    "taken at the same moment by {}",
-                    other.map_or("someone unknown".into(), |r| r.holder)
-                )))
-            }
-        }
+        ours_after(&*store, &key, &owner, Duration::ZERO)?;
+        ours_after(&*store, &key, &owner, SETTLE)?;
         let stop = Arc::new(AtomicBool::new(false));
         let fence = Fence::new(true);
         let renewer = {
@@ -351,6 +373,74 @@ mod tests {
             .expect("holder")
             .is_some_and(|h| h.starts_with("by c,")));
         drop(c);
+    }
+
+    /// A store that, at its `at`-th read, first writes `rival` under the
+    /// same key: a rival taker whose write lands just then.
+    struct Rival {
+        inner: MemStore,
+        reads: AtomicU64,
+        at: u64,
+        rival: Vec<u8>,
+    }
+
+    impl Store for Rival {
+        fn mget(&self, keys: &[&[u8]]) -> crate::Result<Vec<Option<bytes::Bytes>>> {
+            if self.reads.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
+                self.inner.put(keys[0], &self.rival)?;
+            }
+            self.inner.mget(keys)
+        }
+        fn exists(&self, keys: &[&[u8]]) -> crate::Result<Vec<bool>> {
+            self.inner.exists(keys)
+        }
+        fn write(&self, ops: &[crate::WriteOp<'_>]) -> crate::Result<()> {
+            self.inner.write(ops)
+        }
+        fn write_atomic(&self, ops: &[crate::WriteOp<'_>]) -> crate::Result<()> {
+            self.inner.write_atomic(ops)
+        }
+        fn range(
+            &self,
+            start: &[u8],
+            end: &[u8],
+            limit: usize,
+        ) -> crate::Result<Vec<(bytes::Bytes, bytes::Bytes)>> {
+            self.inner.range(start, end, limit)
+        }
+        fn sync(&self) -> crate::Result<()> {
+            self.inner.sync()
+        }
+    }
+
+    #[test]
+    fn a_rival_that_writes_after_our_read_back_wins_and_we_back_off() {
+        let rival = Record {
+            owner: "r1".into(),
+            expires_ms: now_ms() + 60_000,
+            holder: "rival".into(),
+        }
+        .encode()
+        .into_bytes();
+        // Reads: 1 the check, 2 the read back, 3 the second read. A rival
+        // write before read 2 or before read 3 must both be seen.
+        for at in [2, 3] {
+            let store = Arc::new(Rival {
+                inner: MemStore::new(),
+                reads: AtomicU64::new(0),
+                at,
+                rival: rival.clone(),
+            });
+            match Lease::acquire(store, b"lease/x".to_vec(), "a", "x", false) {
+                Err(LeaseError::Held(who)) => {
+                    assert_eq!(
+                        who, "taken at the same moment by rival",
+                        "rival at read {at}"
+                    )
+                }
+                other => panic!("rival at read {at}: got {:?}", other.map(|_| ())),
+            }
+        }
     }
 
     #[test]
