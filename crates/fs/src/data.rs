@@ -20,7 +20,76 @@ use crate::writebehind::{write_ops, Change};
 /// only come at writeback, as pages dropped with an EIO on close.
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 
+/// Most bytes one [`FileSystem::copy_range`] call copies (callers loop, as
+/// they do for a short write), the piece read and written at a time, and
+/// how many pieces are copied at once (one after another, a piece's read
+/// and write each waited for the cluster: slower than the kernel's own
+/// copy through read-ahead and write-back).
+const COPY_MAX: u64 = 64 << 20;
+const COPY_PIECE: u64 = 2 << 20;
+const COPY_THREADS: usize = 4;
+
 impl FileSystem {
+    /// `copy_file_range(2)`: copies up to `len` bytes of `from` at `from_at`
+    /// to `to` at `to_at`, inside the adapter (no data crosses FUSE, and
+    /// the kernel keeps no copy in its page cache), stopping at the
+    /// source's end; returns the bytes copied, at most [`COPY_MAX`]. Holes
+    /// are copied as zeros. The kernel has refused overlapping ranges of
+    /// one file and written back the source's cached pages first.
+    pub fn copy_range(
+        &self,
+        from: u64,
+        from_at: u64,
+        to: u64,
+        to_at: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let size = self.inode(from)?.size;
+        let total = len.min(size.saturating_sub(from_at)).min(COPY_MAX);
+        let pieces = total.div_ceil(COPY_PIECE);
+        let next = std::sync::atomic::AtomicU64::new(0);
+        // Per piece, the bytes copied (short only if the source shrank
+        // meanwhile); the call reports the whole pieces at its start.
+        let copied = parking_lot::Mutex::new(vec![0u64; pieces as usize]);
+        let copy_pieces = || -> Result<()> {
+            loop {
+                let p = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if p >= pieces {
+                    return Ok(());
+                }
+                let at = p * COPY_PIECE;
+                let n = (total - at).min(COPY_PIECE);
+                let data = self.read(from, from_at + at, n as u32)?;
+                self.write(to, to_at + at, &data)?;
+                copied.lock()[p as usize] = data.len() as u64;
+            }
+        };
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (1..COPY_THREADS.min(pieces as usize))
+                .map(|_| scope.spawn(copy_pieces))
+                .collect();
+            let mut result = copy_pieces();
+            for w in workers {
+                let r = w.join().unwrap_or_else(|_| {
+                    Err(crate::error::FsError::Corrupt(
+                        "a copy thread panicked".into(),
+                    ))
+                });
+                result = result.and(r);
+            }
+            result
+        })?;
+        let copied = copied.into_inner();
+        let mut done = 0;
+        for (p, n) in copied.iter().enumerate() {
+            done += n;
+            if *n < (total - p as u64 * COPY_PIECE).min(COPY_PIECE) {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
     /// Up to `size` bytes of `ino` from `offset` (fewer at the end).
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let i = self.inode(ino)?;

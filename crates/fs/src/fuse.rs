@@ -688,6 +688,36 @@ impl Filesystem for FuseFs {
         );
     }
 
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // A write to the destination: set-ID bits go as for a write.
+        let r = if req.uid() != 0 {
+            self.fs.drop_set_id(ino_out.0)
+        } else {
+            Ok(())
+        }
+        .and_then(|()| {
+            self.fs
+                .copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len)
+        });
+        match r {
+            // At most COPY_MAX (64 MiB): fits the reply's u32.
+            Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),
+            Err(e) => reply.error(errno("copy_file_range", &e)),
+        }
+    }
+
     fn ioctl(
         &self,
         _req: &Request,

@@ -321,6 +321,45 @@ fn set_id_bits_drop_when_asked_and_survive_a_remount() {
 }
 
 #[test]
+fn copy_range_copies_data_and_holes_and_stops_at_the_end() {
+    let (_s, fs, _) = new_fs(4096);
+    let a = fs.make(ME, ROOT, b"a", node(Kind::File)).expect("a");
+    let b = fs.make(ME, ROOT, b"b", node(Kind::File)).expect("b");
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    fs.write(a.ino, 0, &data).expect("write");
+    fs.write(a.ino, 30_000, b"tail").expect("write past a hole");
+    // Unaligned, across a hole, to another file's middle.
+    assert_eq!(
+        fs.copy_range(a.ino, 1_000, b.ino, 5, 40_000).expect("copy"),
+        30_004 - 1_000,
+        "stops at the source's end"
+    );
+    let mut want = vec![0u8; 5];
+    let mut src = data.clone();
+    src.resize(30_000, 0);
+    src.extend_from_slice(b"tail");
+    want.extend_from_slice(&src[1_000..]);
+    assert_eq!(fs.read(b.ino, 0, 100_000).expect("read"), want);
+    assert_eq!(fs.inode(b.ino).expect("stat").size, want.len() as u64);
+    // Within one file, not overlapping; from past the end nothing.
+    assert_eq!(
+        fs.copy_range(a.ino, 0, a.ino, 50_000, 100).expect("copy"),
+        100
+    );
+    assert_eq!(fs.read(a.ino, 50_000, 100).expect("read"), &data[..100]);
+    assert_eq!(fs.copy_range(a.ino, 60_000, b.ino, 0, 10).expect("copy"), 0);
+    // Large enough for several pieces copied at once.
+    let big: Vec<u8> = (0..(9 << 20) + 5u32).map(|i| (i % 253) as u8).collect();
+    let c = fs.make(ME, ROOT, b"c", node(Kind::File)).expect("c");
+    fs.write(c.ino, 0, &big).expect("write big");
+    let d = fs.make(ME, ROOT, b"d", node(Kind::File)).expect("d");
+    let n = fs.copy_range(c.ino, 3, d.ino, 1, u64::MAX).expect("copy big");
+    assert_eq!(n, big.len() as u64 - 3);
+    let copy = fs.read(d.ino, 1, u32::MAX).expect("read big");
+    assert!(copy == big[3..], "the pieces landed in order");
+}
+
+#[test]
 fn files_reach_the_kernels_size_limit() {
     // The kernel caches writes up to MAX_LFS_FILESIZE (i64::MAX) before
     // the adapter sees them, so the adapter must take all of them.
