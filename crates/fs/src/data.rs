@@ -25,17 +25,29 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// how many pieces are copied at once (one after another, a piece's read
 /// and write each waited for the cluster: slower than the kernel's own
 /// copy through read-ahead and write-back).
-const COPY_MAX: u64 = 64 << 20;
+const COPY_MAX: u64 = 256 << 20;
 const COPY_PIECE: u64 = 2 << 20;
 const COPY_THREADS: usize = 4;
+const COPY_MIN_HOLE: u64 = 256 << 10;
+
+/// A part of a copy: `len` bytes at `at` (relative to the copy's start),
+/// read and written, or where the source is a hole, punched.
+#[derive(Clone, Copy)]
+struct Piece {
+    at: u64,
+    len: u64,
+    hole: bool,
+}
 
 impl FileSystem {
     /// `copy_file_range(2)`: copies up to `len` bytes of `from` at `from_at`
     /// to `to` at `to_at`, inside the adapter (no data crosses FUSE, and
     /// the kernel keeps no copy in its page cache), stopping at the
-    /// source's end; returns the bytes copied, at most [`COPY_MAX`]. Holes
-    /// are copied as zeros. The kernel has refused overlapping ranges of
-    /// one file and written back the source's cached pages first.
+    /// source's end; returns the bytes copied, at most [`COPY_MAX`]. Where
+    /// the source has no chunks (found by listing them) the destination
+    /// gets a hole, so a sparse file stays sparse and its holes cost
+    /// nothing to copy. The kernel has refused overlapping ranges of one
+    /// file and written back the source's cached pages first.
     pub fn copy_range(
         &self,
         from: u64,
@@ -46,26 +58,34 @@ impl FileSystem {
     ) -> Result<u64> {
         let size = self.inode(from)?.size;
         let total = len.min(size.saturating_sub(from_at)).min(COPY_MAX);
-        let pieces = total.div_ceil(COPY_PIECE);
-        let next = std::sync::atomic::AtomicU64::new(0);
-        // Per piece, the bytes copied (short only if the source shrank
-        // meanwhile); the call reports the whole pieces at its start.
-        let copied = parking_lot::Mutex::new(vec![0u64; pieces as usize]);
+        if total == 0 {
+            return Ok(0);
+        }
+        let pieces = self.copy_pieces(from, from_at, total)?;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        // Per piece, whether it was copied whole (a read comes back short
+        // only if the source shrank meanwhile).
+        let whole = parking_lot::Mutex::new(vec![false; pieces.len()]);
         let copy_pieces = || -> Result<()> {
             loop {
-                let p = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if p >= pieces {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(p) = pieces.get(i) else {
                     return Ok(());
+                };
+                if p.hole {
+                    self.fallocate(to, to_at + p.at, p.len, libc::FALLOC_FL_PUNCH_HOLE)?;
+                } else {
+                    let data = self.read(from, from_at + p.at, p.len as u32)?;
+                    self.write(to, to_at + p.at, &data)?;
+                    if (data.len() as u64) < p.len {
+                        continue;
+                    }
                 }
-                let at = p * COPY_PIECE;
-                let n = (total - at).min(COPY_PIECE);
-                let data = self.read(from, from_at + at, n as u32)?;
-                self.write(to, to_at + at, &data)?;
-                copied.lock()[p as usize] = data.len() as u64;
+                whole.lock()[i] = true;
             }
         };
         std::thread::scope(|scope| {
-            let workers: Vec<_> = (1..COPY_THREADS.min(pieces as usize))
+            let workers: Vec<_> = (1..COPY_THREADS.min(pieces.len()))
                 .map(|_| scope.spawn(copy_pieces))
                 .collect();
             let mut result = copy_pieces();
@@ -79,15 +99,61 @@ impl FileSystem {
             }
             result
         })?;
-        let copied = copied.into_inner();
-        let mut done = 0;
-        for (p, n) in copied.iter().enumerate() {
-            done += n;
-            if *n < (total - p as u64 * COPY_PIECE).min(COPY_PIECE) {
-                break;
+        // What the call reports: the pieces copied whole from its start.
+        let whole = whole.into_inner();
+        let copied = pieces.iter().zip(&whole).take_while(|(_, w)| **w);
+        Ok(copied.map(|(p, _)| p.len).sum())
+    }
+
+    /// `total` bytes of `from` at `from_at` cut into pieces: where the
+    /// source holds chunks, pieces of at most [`COPY_PIECE`]; each run of
+    /// chunks it does not hold, one hole piece however long (runs shorter
+    /// than [`COPY_MIN_HOLE`] are copied as data, zeros included, rather
+    /// than cutting the copy into many small pieces).
+    fn copy_pieces(&self, from: u64, from_at: u64, total: u64) -> Result<Vec<Piece>> {
+        let (start_key, _) = self.keys.chunks_from(from, from_at / self.chunk);
+        let (end_key, _) = self
+            .keys
+            .chunks_from(from, (from_at + total).div_ceil(self.chunk));
+        let keys = self.list_keys(&start_key, &end_key)?;
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut add = |at: u64, end: u64, hole: bool| {
+            if at >= end {
+                return;
             }
+            match pieces.last_mut() {
+                Some(last)
+                    if last.hole == hole && (hole || last.len + (end - at) <= COPY_PIECE) =>
+                {
+                    last.len += end - at
+                }
+                _ => pieces.push(Piece {
+                    at,
+                    len: end - at,
+                    hole,
+                }),
+            }
+        };
+        // Copy-relative bytes done so far.
+        let mut at = 0;
+        for c in keys
+            .iter()
+            .filter_map(|k| crate::layout::Keys::chunk_index(k))
+        {
+            let a = (c * self.chunk).saturating_sub(from_at).min(total);
+            let b = ((c + 1) * self.chunk).saturating_sub(from_at).min(total);
+            add(at, a, a - at >= COPY_MIN_HOLE);
+            // Data: in pieces of at most COPY_PIECE (a chunk may be larger).
+            let mut x = a.max(at);
+            while x < b {
+                let y = b.min(x + COPY_PIECE);
+                add(x, y, false);
+                x = y;
+            }
+            at = at.max(b);
         }
-        Ok(done)
+        add(at, total, true);
+        Ok(pieces)
     }
 
     /// Up to `size` bytes of `ino` from `offset` (fewer at the end).

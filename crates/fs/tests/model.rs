@@ -353,10 +353,92 @@ fn copy_range_copies_data_and_holes_and_stops_at_the_end() {
     let c = fs.make(ME, ROOT, b"c", node(Kind::File)).expect("c");
     fs.write(c.ino, 0, &big).expect("write big");
     let d = fs.make(ME, ROOT, b"d", node(Kind::File)).expect("d");
-    let n = fs.copy_range(c.ino, 3, d.ino, 1, u64::MAX).expect("copy big");
+    let n = fs
+        .copy_range(c.ino, 3, d.ino, 1, u64::MAX)
+        .expect("copy big");
     assert_eq!(n, big.len() as u64 - 3);
     let copy = fs.read(d.ino, 1, u32::MAX).expect("read big");
     assert!(copy == big[3..], "the pieces landed in order");
+}
+
+#[test]
+fn copy_range_matches_a_byte_copy_on_random_sparse_files() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for round in 0..12 {
+        let (_s, fs, _) = new_fs(4096);
+        let a = fs.make(ME, ROOT, b"a", node(Kind::File)).expect("a");
+        let b = fs.make(ME, ROOT, b"b", node(Kind::File)).expect("b");
+        let mut want_a = Vec::new();
+        let mut want_b = Vec::new();
+        for (ino, want) in [(a.ino, &mut want_a), (b.ino, &mut want_b)] {
+            for _ in 0..6 {
+                let at = rand(3 << 20);
+                let len = 1 + rand(300_000);
+                let byte = 1 + rand(250) as u8;
+                fs.write(ino, at, &vec![byte; len as usize]).expect("write");
+                let end = (at + len) as usize;
+                if want.len() < end {
+                    want.resize(end, 0);
+                }
+                want[at as usize..end].fill(byte);
+            }
+        }
+        let (from_at, to_at, len) = (rand(3 << 20), rand(3 << 20), rand(4 << 20));
+        let n = fs
+            .copy_range(a.ino, from_at, b.ino, to_at, len)
+            .expect("copy");
+        let copied = len.min((want_a.len() as u64).saturating_sub(from_at));
+        assert_eq!(n, copied, "round {round}");
+        if copied > 0 {
+            let end = (to_at + copied) as usize;
+            if want_b.len() < end {
+                want_b.resize(end, 0);
+            }
+            let src = &want_a[from_at as usize..(from_at + copied) as usize];
+            want_b[to_at as usize..end].copy_from_slice(src);
+        }
+        let got = fs.read(b.ino, 0, u32::MAX).expect("read");
+        assert!(
+            got == want_b,
+            "round {round}: copy of {len} from {from_at} to {to_at}"
+        );
+    }
+}
+
+#[test]
+fn copy_range_keeps_holes_and_punches_them_into_the_destination() {
+    let (store, fs, _) = new_fs(4096);
+    let a = fs.make(ME, ROOT, b"a", node(Kind::File)).expect("a");
+    // 1 TiB, data only at 1 MiB and at the end.
+    let size = 1u64 << 40;
+    fs.write(a.ino, 1 << 20, b"one").expect("write");
+    fs.write(a.ino, size - 3, b"end").expect("write");
+    let b = fs.make(ME, ROOT, b"b", node(Kind::File)).expect("b");
+    // The destination has data where the source has a hole.
+    fs.write(b.ino, 5 << 20, &[7u8; 10_000]).expect("old data");
+    fs.flush_all().expect("flush");
+    let mut off = 0;
+    while off < size {
+        let n = fs
+            .copy_range(a.ino, off, b.ino, off, size - off)
+            .expect("copy");
+        assert!(n > 0, "progress at {off}");
+        off += n;
+    }
+    assert_eq!(fs.inode(b.ino).expect("stat").size, size);
+    assert_eq!(fs.read(b.ino, (1 << 20) - 1, 5).expect("read"), b"\0one\0");
+    assert_eq!(fs.read(b.ino, 5 << 20, 10).expect("read"), vec![0u8; 10]);
+    assert_eq!(fs.read(b.ino, size - 4, 10).expect("read"), b"\0end");
+    // Only the chunks with data were written: the store holds a handful.
+    let (start, end) = (b"".as_slice(), b"\xff\xff\xff\xff".as_slice());
+    let keys = store.range_keys(start, end, 100_000).expect("keys").len();
+    assert!(keys < 50, "{keys} keys after copying a sparse TiB");
 }
 
 #[test]
