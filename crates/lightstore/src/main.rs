@@ -57,7 +57,9 @@ enum Command {
 }
 
 /// Lets memory freed by the allocator stay mapped for a second before
-/// mimalloc gives it back to the system (its default is 10 ms). Buffers of
+/// mimalloc gives it back to the system (mimalloc v2's default is 10 ms;
+/// v3, which the `libmimalloc-sys` in Cargo.lock builds, already waits
+/// 1 s, and then this changes nothing). Buffers of
 /// replies and device reads are freed and allocated again all the time; a
 /// page given back is faulted in again on its next use, and a page fault in
 /// a virtual machine is expensive: at 10 ms the NBD adapter took up to 0.6
@@ -70,7 +72,8 @@ fn keep_freed_memory_a_second() {
     /// `mi_option_purge_delay` (its place in mimalloc's option enum, v2 and
     /// v3 alike; the Rust bindings do not name it).
     const PURGE_DELAY: mi_option_t = 15;
-    /// mimalloc's default purge delay, ms: seeing it confirms the option.
+    /// mimalloc v2's default purge delay, ms: seeing it confirms the
+    /// option (v3's default, 1,000 ms, needs no change).
     const DEFAULT_MS: std::ffi::c_long = 10;
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
         return;
