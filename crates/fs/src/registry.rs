@@ -17,7 +17,7 @@ use crate::lease;
 
 const PREFIX: &[u8] = b"{lightstore:fs}/";
 /// Default bytes per data chunk (see docs/file.md for the trade-off).
-pub const DEFAULT_CHUNK_SIZE: u32 = 16 << 10;
+pub const DEFAULT_CHUNK_SIZE: u32 = 8 << 10;
 const MIN_CHUNK: u32 = 4096;
 const MAX_CHUNK: u32 = 4 << 20;
 
