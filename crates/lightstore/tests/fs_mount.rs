@@ -209,6 +209,15 @@ fn mount_on_one_node(fs: &str) -> (OneNode, Mount) {
     )
 }
 
+/// Runs the Python `script` (saved in `tmp` as `name`) with `dir` as its
+/// argument; its standard output.
+fn python_in(name: &str, script: &str, tmp: &Path, dir: &Path) -> String {
+    let path = tmp.join(name);
+    std::fs::write(&path, script).expect("script");
+    let out = sh(&format!("python3 '{}' '{}'", path.display(), dir.display()));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Waits (bounded) until `path` exists: an unpack is under way.
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -436,14 +445,7 @@ fn set_id_bits_clear_as_on_a_local_disk() {
     let run = |dir: &Path| {
         std::fs::create_dir_all(dir).expect("dir");
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let script = s.tmp.path().join("setid.py");
-        std::fs::write(&script, SET_ID_WORKLOAD).expect("script");
-        let out = sh(&format!(
-            "python3 '{}' '{}'",
-            script.display(),
-            dir.display()
-        ));
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        python_in("setid.py", SET_ID_WORKLOAD, s.tmp.path(), dir)
     };
     let local = run(&s.tmp.path().join("local"));
     for line in [
@@ -496,16 +498,9 @@ fn copy_file_range_copies_inside_the_mount() {
         return;
     }
     let (s, m) = mount_on_one_node("copy");
-    let script = s.tmp.path().join("copy.py");
-    std::fs::write(&script, COPY_WORKLOAD).expect("script");
     let run = |dir: &Path| {
         std::fs::create_dir_all(dir).expect("dir");
-        let out = sh(&format!(
-            "python3 '{}' '{}'",
-            script.display(),
-            dir.display()
-        ));
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        python_in("copy.py", COPY_WORKLOAD, s.tmp.path(), dir)
     };
     let local = run(&s.tmp.path().join("local"));
     assert!(local.starts_with("[5242880, 3145728, 112]"), "{local}");
