@@ -478,6 +478,9 @@ src, dst = os.path.join(d, "src"), os.path.join(d, "dst")
 with open(src, "wb") as f:
     f.write(r.randbytes(9 << 20))
     f.seek(12 << 20); f.write(b"after a hole")
+# Rewritten while open: still dirty in the page cache when copied.
+writer = open(src, "r+b", buffering=0)
+writer.seek(4 << 20); writer.write(r.randbytes(100_000))
 fi, fo = os.open(src, os.O_RDONLY), os.open(dst, os.O_RDWR | os.O_CREAT, 0o644)
 copied = []
 for off_in, off_out, n in ((0, 0, 5 << 20), (12345, (5 << 20) + 7, 3 << 20), ((12 << 20) - 100, 20 << 20, 1 << 20)):
@@ -488,7 +491,7 @@ for off_in, off_out, n in ((0, 0, 5 << 20), (12345, (5 << 20) + 7, 3 << 20), ((1
             break
         done += k
     copied.append(done)
-os.close(fi); os.close(fo)
+os.close(fi); os.close(fo); writer.close()
 print(copied, os.stat(dst).st_size, hashlib.sha256(open(dst, "rb").read()).hexdigest())
 "#;
 
