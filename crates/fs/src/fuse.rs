@@ -190,7 +190,8 @@ impl Filesystem for FuseFs {
             | fuser::InitFlags::FUSE_DO_READDIRPLUS
             | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
             // Set-user-ID and set-group-ID bits are cleared here on write,
-            // truncation and owner change (`Inode::drop_set_id`), so the
+            // truncation, fallocate, copy_file_range and owner change
+            // (`Inode::drop_set_id`), so the
             // kernel need not ask for `security.capability` before every
             // write (a round trip that queued behind the write-back of
             // earlier writes: the writer stalled on each call). The kernel
