@@ -66,7 +66,7 @@ impl FileSystem {
         // Per piece, whether it was copied whole (a read comes back short
         // only if the source shrank meanwhile).
         let whole = parking_lot::Mutex::new(vec![false; pieces.len()]);
-        let copy_pieces = || -> Result<()> {
+        let work = || -> Result<()> {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(p) = pieces.get(i) else {
@@ -86,9 +86,9 @@ impl FileSystem {
         };
         std::thread::scope(|scope| {
             let workers: Vec<_> = (1..COPY_THREADS.min(pieces.len()))
-                .map(|_| scope.spawn(copy_pieces))
+                .map(|_| scope.spawn(work))
                 .collect();
-            let mut result = copy_pieces();
+            let mut result = work();
             for w in workers {
                 let r = w.join().unwrap_or_else(|_| {
                     Err(crate::error::FsError::Corrupt(

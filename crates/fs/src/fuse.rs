@@ -122,6 +122,13 @@ fn errno(op: &str, e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// Whether the caller lacks `CAP_FSETID` (and so loses set-ID bits when
+/// it writes or truncates). FUSE passes no capabilities, only ids: a
+/// caller other than root is taken to lack it.
+fn lacks_fsetid(req: &Request) -> bool {
+    req.uid() != 0
+}
+
 fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
@@ -166,6 +173,17 @@ impl FuseFs {
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(op, &e)),
+        }
+    }
+
+    /// Clears `ino`'s set-ID bits if the caller lacks `CAP_FSETID`
+    /// ([`lacks_fsetid`]): what the kernel leaves to us, unsaid, around a
+    /// `fallocate` or `copy_file_range` under FUSE_HANDLE_KILLPRIV_V2.
+    fn drop_set_id_for(&self, req: &Request, ino: u64) -> crate::error::Result<()> {
+        if lacks_fsetid(req) {
+            self.fs.drop_set_id(ino)
+        } else {
+            Ok(())
         }
     }
 
@@ -270,9 +288,8 @@ impl Filesystem for FuseFs {
             ctime: ctime.map(Time::from_system),
             // What the kernel asks with FATTR_KILL_SUIDGID (which fuser
             // does not pass on): always when the owner changes; on a
-            // truncation when the caller lacks CAP_FSETID, taken here as
-            // not being root.
-            drop_set_id: uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0),
+            // truncation when the caller lacks CAP_FSETID.
+            drop_set_id: uid.is_some() || gid.is_some() || (size.is_some() && lacks_fsetid(req)),
         };
         self.reply_attr("setattr", self.fs.setattr(ino.0, &set), reply);
     }
@@ -675,18 +692,11 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         // Like a write (`file_modified`): the kernel leaves clearing the
-        // set-ID bits to us (FUSE_HANDLE_KILLPRIV_V2) without saying so;
-        // a caller other than root is taken to lack CAP_FSETID.
-        let r = if req.uid() != 0 {
-            self.fs.drop_set_id(ino.0)
-        } else {
-            Ok(())
-        };
-        Self::reply_empty(
-            "fallocate",
-            r.and_then(|()| self.fs.fallocate(ino.0, offset, length, mode)),
-            reply,
-        );
+        // set-ID bits to us (FUSE_HANDLE_KILLPRIV_V2) without saying so.
+        let r = self
+            .drop_set_id_for(req, ino.0)
+            .and_then(|()| self.fs.fallocate(ino.0, offset, length, mode));
+        Self::reply_empty("fallocate", r, reply);
     }
 
     fn copy_file_range(
@@ -703,17 +713,13 @@ impl Filesystem for FuseFs {
         reply: ReplyWrite,
     ) {
         // A write to the destination: set-ID bits go as for a write.
-        let r = if req.uid() != 0 {
-            self.fs.drop_set_id(ino_out.0)
-        } else {
-            Ok(())
-        }
-        .and_then(|()| {
+        let r = self.drop_set_id_for(req, ino_out.0).and_then(|()| {
             self.fs
                 .copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len)
         });
         match r {
-            // At most COPY_MAX (64 MiB): fits the reply's u32.
+            // At most the adapter's per-call limit (256 MiB): fits the
+            // reply's u32.
             Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),
             Err(e) => reply.error(errno("copy_file_range", &e)),
         }
