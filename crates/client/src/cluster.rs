@@ -296,6 +296,13 @@ impl Inner {
         }
     }
 
+    /// A new write version greater than `floor` as well (a compare-and-set
+    /// must write a version newer than the one it expects).
+    pub(crate) fn next_version_after(&self, floor: u64) -> u64 {
+        self.clock.fetch_max(floor, Ordering::AcqRel);
+        self.next_version()
+    }
+
     /// The replicas of a key in the order reads should try them: those up
     /// first (primary first), then those marked down as a last resort.
     pub(crate) fn read_order(&self, key: &[u8]) -> Vec<usize> {

@@ -105,14 +105,17 @@ impl Cluster {
 }
 
 /// One write's progress on one key.
-struct KeyWrite {
+#[derive(Default)]
+pub(crate) struct KeyWrite {
     /// Replicas that took the write.
-    acked_by: Vec<usize>,
+    pub(crate) acked_by: Vec<usize>,
     /// Replicas that missed it: skipped as down, or failed mid-write (those
     /// that refused it are not here: they would refuse a hand-off too).
-    missed_by: Vec<usize>,
-    refused: Option<ClientError>,
-    last: Option<ClientError>,
+    pub(crate) missed_by: Vec<usize>,
+    /// The error of a replica that refused it.
+    pub(crate) refused: Option<ClientError>,
+    /// The error of the last replica that failed mid-write.
+    pub(crate) last: Option<ClientError>,
 }
 
 impl Inner {
@@ -159,14 +162,7 @@ impl Inner {
         // Replicas known down: they get the write later, as a hint.
         let mut skipped: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (e, (key, _)) in entries.iter().enumerate() {
-            let replicas = self.ring.replicas(key, self.replicas);
-            let up: Vec<usize> = replicas
-                .iter()
-                .copied()
-                .filter(|&i| self.is_up(i))
-                .collect();
-            // With every replica marked down, try them all anyway.
-            let targets = if up.is_empty() { replicas.clone() } else { up };
+            let (replicas, targets) = self.write_targets(key);
             for &r in &replicas {
                 if !targets.contains(&r) {
                     skipped.entry(r).or_default().push(e);
@@ -187,14 +183,7 @@ impl Inner {
             .pipeline_all_checked(&jobs)
             .into_iter()
             .map(|(node, r)| (node, r.map(drop)));
-        let mut state: Vec<KeyWrite> = (0..entries.len())
-            .map(|_| KeyWrite {
-                acked_by: Vec::new(),
-                missed_by: Vec::new(),
-                refused: None,
-                last: None,
-            })
-            .collect();
+        let mut state: Vec<KeyWrite> = (0..entries.len()).map(|_| KeyWrite::default()).collect();
         for (node, idx) in &skipped {
             for &e in idx {
                 state[e].missed_by.push(*node);
@@ -219,27 +208,46 @@ impl Inner {
             }
         }
         self.record_hints(&entries, &version_text, &state);
-        for (s, replicas) in state.into_iter().zip(replica_counts) {
-            let acked = s.acked_by.len();
-            let needed = self.config.write_quorum.map_or(1, |q| q.min(replicas));
-            // With the default quorum every replica that is up must take the
-            // write: one that answered an error (a full device, say) fails it.
-            let all_up_ok = self.config.write_quorum.is_some() || s.refused.is_none();
-            if acked >= needed && all_up_ok {
-                continue;
-            }
-            return Err(match (s.refused, s.last) {
-                (Some(refused), _) if acked == 0 => refused,
-                (refused, last) => ClientError::Quorum {
-                    acked,
-                    needed: needed.max(acked + 1),
-                    last: Box::new(refused.or(last).unwrap_or_else(|| {
-                        ClientError::Unavailable("no replica was reachable".into())
-                    })),
-                },
-            });
+        state
+            .into_iter()
+            .zip(replica_counts)
+            .try_for_each(|(s, replicas)| self.quorum_met(s, replicas))
+    }
+
+    /// A key's replicas, and those a write goes to: the replicas that are
+    /// up, or all of them when every one is marked down (try anyway).
+    pub(crate) fn write_targets(&self, key: &[u8]) -> (Vec<usize>, Vec<usize>) {
+        let replicas = self.ring.replicas(key, self.replicas);
+        let up: Vec<usize> = replicas
+            .iter()
+            .copied()
+            .filter(|&i| self.is_up(i))
+            .collect();
+        let targets = if up.is_empty() { replicas.clone() } else { up };
+        (replicas, targets)
+    }
+
+    /// Whether one key's write reached its quorum among its `replicas`:
+    /// with the default quorum every replica that is up must have taken it
+    /// (one that answered an error, a full device say, fails it); with
+    /// `write_quorum` set, that many.
+    pub(crate) fn quorum_met(&self, s: KeyWrite, replicas: usize) -> Result<()> {
+        let acked = s.acked_by.len();
+        let needed = self.config.write_quorum.map_or(1, |q| q.min(replicas));
+        let all_up_ok = self.config.write_quorum.is_some() || s.refused.is_none();
+        if acked >= needed && all_up_ok {
+            return Ok(());
         }
-        Ok(())
+        Err(match (s.refused, s.last) {
+            (Some(refused), _) if acked == 0 => refused,
+            (refused, last) => ClientError::Quorum {
+                acked,
+                needed: needed.max(acked + 1),
+                last: Box::new(refused.or(last).unwrap_or_else(|| {
+                    ClientError::Unavailable("no replica was reachable".into())
+                })),
+            },
+        })
     }
 
     /// Tells every replica that took a write which replicas missed it
@@ -248,7 +256,12 @@ impl Inner {
     /// again, whether or not this client is still alive. Best effort: a
     /// hint that cannot be recorded is logged, and consistent reads (read
     /// repair) and `repair` still bring the missed node up to date.
-    fn record_hints(&self, entries: &[(&[u8], Option<&[u8]>)], version: &str, state: &[KeyWrite]) {
+    pub(crate) fn record_hints(
+        &self,
+        entries: &[(&[u8], Option<&[u8]>)],
+        version: &str,
+        state: &[KeyWrite],
+    ) {
         // holder -> missed node -> HINT arguments.
         let mut hints: BTreeMap<usize, BTreeMap<usize, Vec<&[u8]>>> = BTreeMap::new();
         for (e, s) in state.iter().enumerate() {
@@ -345,7 +358,7 @@ fn write_requests<'a>(
 }
 
 /// A copy of an error for every key of a failed per-node batch.
-fn clone_error(e: &ClientError) -> ClientError {
+pub(crate) fn clone_error(e: &ClientError) -> ClientError {
     match e {
         ClientError::Server { node, message } => ClientError::Server {
             node: node.clone(),

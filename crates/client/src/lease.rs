@@ -5,15 +5,13 @@
 //! expired. A crashed holder's lease expires within [`TTL`]; `force`
 //! takes over a lease known to be dead.
 //!
-//! The cluster has no compare-and-set, so taking a lease is check, write,
-//! read back, and read again [`SETTLE`] later. Two takers that both found
-//! the lease free each write theirs; the later write wins everywhere. The
-//! read back catches a rival that wrote before it, the second read a
-//! rival that checked before our write and wrote after our read back (its
-//! write follows its check by one round trip, far less than `SETTLE`).
-//! Only a rival stalled longer than that between its check and its write
-//! slips through, and its record then ends our lease at our next renewal
-//! (within [`RENEW`]).
+//! Taking, renewing and releasing are compare-and-sets on the lease key
+//! ([`Store::write_if_version`]): each reads the record with its version
+//! and writes only if no one wrote since. Of two takers that both found
+//! the lease free, at most one succeeds; a renewal racing a forced
+//! takeover fails and the old holder learns it lost the lease at once,
+//! instead of overwriting the new owner's record. (When the two land on
+//! different replicas first, both may fail: the next attempt reads again.)
 //!
 //! Fencing: the lease's [`Fence`] holds only while its holder knows it
 //! holds it. A renewal that finds another owner (a forced takeover), or no
@@ -35,9 +33,9 @@ pub const TTL: Duration = Duration::from_secs(15);
 pub const RENEW: Duration = Duration::from_secs(5);
 /// How long before expiry a holder that could not renew stops writing.
 const MARGIN: Duration = Duration::from_secs(3);
-/// How long a new holder waits before reading its lease record a second
-/// time (see the module doc).
-pub const SETTLE: Duration = Duration::from_millis(200);
+/// How many times a forced takeover reads and writes again when the
+/// record changed in between (a renewal of the lease it takes over).
+const TAKEOVER_ATTEMPTS: usize = 5;
 
 /// What a holder checks before each change: whether it still holds its
 /// lease, that is, no one took it over and its last renewal is recent
@@ -155,7 +153,14 @@ impl Record {
 }
 
 fn read(store: &dyn Store, key: &[u8]) -> Result<Option<Record>, ClientError> {
-    Ok(store.get(key)?.and_then(|v| Record::decode(&v)))
+    Ok(read_versioned(store, key)?.1)
+}
+
+/// The lease record under `key` (if any) and the version it was written
+/// at, for a compare-and-set.
+fn read_versioned(store: &dyn Store, key: &[u8]) -> Result<(u64, Option<Record>), ClientError> {
+    let v = store.get_versioned(key)?;
+    Ok((v.version, v.value.and_then(|b| Record::decode(&b))))
 }
 
 /// An unexpired lease.
@@ -181,45 +186,74 @@ pub fn live_holding(store: &dyn Store, key: &[u8]) -> Result<Option<Holding>, Cl
 /// Who holds an unexpired lease under `key`, if anyone, in words: the
 /// holder's name and how long the lease has left.
 pub fn live_holder(store: &dyn Store, key: &[u8]) -> Result<Option<String>, ClientError> {
-    Ok(live_holding(store, key)?.map(|h| {
-        format!(
-            "by {}, lease valid for {} s more",
-            h.holder,
-            h.left.as_secs()
-        )
-    }))
+    Ok(live_holding(store, key)?.map(|h| describe(&h)))
 }
 
-/// Reads the lease record under `key` after `wait`: Ok if it is still
-/// `owner`'s, else who took it.
-fn ours_after(
-    store: &dyn Store,
-    key: &[u8],
-    owner: &str,
-    wait: Duration,
-) -> Result<(), LeaseError> {
-    std::thread::sleep(wait);
-    match read(store, key)? {
-        Some(r) if r.owner == owner => Ok(()),
-        other => Err(LeaseError::Held(format!(
-            "taken at the same moment by {}",
-            other.map_or("someone unknown".into(), |r| r.holder)
-        ))),
-    }
+fn describe(h: &Holding) -> String {
+    format!(
+        "by {}, lease valid for {} s more",
+        h.holder,
+        h.left.as_secs()
+    )
 }
 
-/// Renews the lease if it is still `owner`'s: false if another took it.
-fn renew(
+/// Writes `owner`'s record under `key` as a compare-and-set: if the lease
+/// is free or expired, or whoever holds it when `force`. Returns the
+/// version written.
+fn take(
     store: &dyn Store,
     key: &[u8],
     owner: &str,
     record: &dyn Fn(&str) -> Record,
-) -> Result<bool, ClientError> {
-    if read(store, key)?.is_some_and(|r| r.owner != owner) {
-        return Ok(false);
+    force: bool,
+) -> Result<u64, LeaseError> {
+    for _ in 0..TAKEOVER_ATTEMPTS {
+        let (version, current) = read_versioned(store, key)?;
+        let now = now_ms();
+        if let Some(r) = current.filter(|r| !force && r.expires_ms > now) {
+            return Err(LeaseError::Held(describe(&Holding {
+                holder: r.holder,
+                left: Duration::from_millis(r.expires_ms - now),
+            })));
+        }
+        let mine = record(owner).encode();
+        if let Some(v) = store.write_if_version(key, version, Some(mine.as_bytes()))? {
+            return Ok(v);
+        }
+        if !force {
+            let who = read(store, key)?.filter(|r| r.owner != owner);
+            return Err(LeaseError::Held(format!(
+                "taken at the same moment by {}",
+                who.map_or("someone unknown".into(), |r| r.holder)
+            )));
+        }
     }
-    store.put(key, record(owner).encode().as_bytes())?;
-    Ok(true)
+    Err(LeaseError::Held(
+        "the lease changed at every attempt to take it over; try again".into(),
+    ))
+}
+
+/// Renews `owner`'s lease written at `version`: the new version, or
+/// `None` if another took the lease.
+fn renew(
+    store: &dyn Store,
+    key: &[u8],
+    owner: &str,
+    version: u64,
+    record: &dyn Fn(&str) -> Record,
+) -> Result<Option<u64>, ClientError> {
+    let mine = record(owner).encode();
+    if let Some(v) = store.write_if_version(key, version, Some(mine.as_bytes()))? {
+        return Ok(Some(v));
+    }
+    // Changed since our last write: still ours only if the record says so
+    // (our own earlier write, seen at another version); then once more.
+    match read_versioned(store, key)? {
+        (now, Some(r)) if r.owner == owner => {
+            store.write_if_version(key, now, Some(mine.as_bytes()))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// A held lease, renewed in the background until released or dropped.
@@ -243,11 +277,6 @@ impl Lease {
         what: &str,
         force: bool,
     ) -> Result<Lease, LeaseError> {
-        if !force {
-            if let Some(h) = live_holder(&*store, &key)? {
-                return Err(LeaseError::Held(h));
-            }
-        }
         let owner = format!("{:016x}", unique_id());
         let holder = holder.to_string();
         let record = move |owner: &str| Record {
@@ -255,9 +284,7 @@ impl Lease {
             expires_ms: now_ms() + TTL.as_millis() as u64,
             holder: holder.clone(),
         };
-        store.put(&key, record(&owner).encode().as_bytes())?;
-        ours_after(&*store, &key, &owner, Duration::ZERO)?;
-        ours_after(&*store, &key, &owner, SETTLE)?;
+        let mut version = take(&*store, &key, &owner, &record, force)?;
         let stop = Arc::new(AtomicBool::new(false));
         let fence = Fence::new(true);
         let renewer = {
@@ -287,15 +314,16 @@ impl Lease {
                         }
                         waited = Duration::ZERO;
                         let started = Instant::now();
-                        match renew(&*store, &key, &owner, &record) {
-                            Ok(true) => {
+                        match renew(&*store, &key, &owner, version, &record) {
+                            Ok(Some(v)) => {
+                                version = v;
                                 fence.renewed_at(started);
                                 if warned && fence.holds() {
                                     tracing::warn!("the lease of {what} is renewed: changes accepted again");
                                     warned = false;
                                 }
                             }
-                            Ok(false) => {
+                            Ok(None) => {
                                 tracing::error!("{what} was taken over elsewhere (--force): refusing changes here");
                                 fence.revoke();
                                 return;
@@ -325,8 +353,12 @@ impl Lease {
     /// holder gets in at once.
     pub fn release(mut self) -> Result<(), ClientError> {
         self.stop_renewing();
-        if read(&*self.store, &self.key)?.is_some_and(|r| r.owner == self.owner) {
-            self.store.delete(&self.key)?;
+        // Deleted only if still ours, and only if no one wrote it since
+        // we read it (a takeover at that moment keeps its record).
+        if let (version, Some(r)) = read_versioned(&*self.store, &self.key)? {
+            if r.owner == self.owner {
+                self.store.write_if_version(&self.key, version, None)?;
+            }
         }
         Ok(())
     }
@@ -375,20 +407,26 @@ mod tests {
         drop(c);
     }
 
-    /// A store that, at its `at`-th read, first writes `rival` under the
-    /// same key: a rival taker whose write lands just then.
+    /// A store where a rival's record lands just before our read (`at_read`)
+    /// or between our read and our write (`!at_read`).
     struct Rival {
         inner: MemStore,
-        reads: AtomicU64,
-        at: u64,
+        at_read: bool,
         rival: Vec<u8>,
+        done: AtomicBool,
+    }
+
+    impl Rival {
+        fn strike(&self, key: &[u8]) -> crate::Result<()> {
+            if !self.done.swap(true, Ordering::SeqCst) {
+                self.inner.put(key, &self.rival)?;
+            }
+            Ok(())
+        }
     }
 
     impl Store for Rival {
         fn mget(&self, keys: &[&[u8]]) -> crate::Result<Vec<Option<bytes::Bytes>>> {
-            if self.reads.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
-                self.inner.put(keys[0], &self.rival)?;
-            }
             self.inner.mget(keys)
         }
         fn exists(&self, keys: &[&[u8]]) -> crate::Result<Vec<bool>> {
@@ -411,10 +449,27 @@ mod tests {
         fn sync(&self) -> crate::Result<()> {
             self.inner.sync()
         }
+        fn get_versioned(&self, key: &[u8]) -> crate::Result<crate::Versioned> {
+            if self.at_read {
+                self.strike(key)?;
+            }
+            self.inner.get_versioned(key)
+        }
+        fn write_if_version(
+            &self,
+            key: &[u8],
+            expected: u64,
+            value: Option<&[u8]>,
+        ) -> crate::Result<Option<u64>> {
+            if !self.at_read {
+                self.strike(key)?;
+            }
+            self.inner.write_if_version(key, expected, value)
+        }
     }
 
     #[test]
-    fn a_rival_that_writes_after_our_read_back_wins_and_we_back_off() {
+    fn a_rival_that_writes_first_wins_and_we_back_off() {
         let rival = Record {
             owner: "r1".into(),
             expires_ms: now_ms() + 60_000,
@@ -422,24 +477,84 @@ mod tests {
         }
         .encode()
         .into_bytes();
-        // Reads: 1 the check, 2 the read back, 3 the second read. A rival
-        // write before read 2 or before read 3 must both be seen.
-        for at in [2, 3] {
+        for at_read in [true, false] {
             let store = Arc::new(Rival {
                 inner: MemStore::new(),
-                reads: AtomicU64::new(0),
-                at,
+                at_read,
                 rival: rival.clone(),
+                done: AtomicBool::new(false),
             });
-            match Lease::acquire(store, b"lease/x".to_vec(), "a", "x", false) {
-                Err(LeaseError::Held(who)) => {
-                    assert_eq!(
-                        who, "taken at the same moment by rival",
-                        "rival at read {at}"
-                    )
+            match Lease::acquire(store.clone(), b"lease/x".to_vec(), "a", "x", false) {
+                Err(LeaseError::Held(who)) if at_read => {
+                    assert!(who.starts_with("by rival,"), "{who}")
                 }
-                other => panic!("rival at read {at}: got {:?}", other.map(|_| ())),
+                Err(LeaseError::Held(who)) => assert_eq!(who, "taken at the same moment by rival"),
+                other => panic!("rival at_read={at_read}: got {:?}", other.map(|_| ())),
             }
+            let left = read(&*store, b"lease/x").expect("read").expect("a record");
+            assert_eq!(left.owner, "r1", "the rival's record stands");
+        }
+    }
+
+    fn record_of(holder: &'static str) -> impl Fn(&str) -> Record {
+        move |owner: &str| Record {
+            owner: owner.to_string(),
+            expires_ms: now_ms() + TTL.as_millis() as u64,
+            holder: holder.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_renewal_after_a_forced_takeover_fails_and_leaves_the_new_record() {
+        let store = MemStore::new();
+        let key = b"lease/x";
+        let (a, c) = (record_of("a"), record_of("c"));
+        let va = take(&store, key, "oa", &a, false).expect("a takes it");
+        let va = renew(&store, key, "oa", va, &a)
+            .expect("renew")
+            .expect("still a's");
+        let vc = take(&store, key, "oc", &c, true).expect("c forces it");
+        assert_eq!(renew(&store, key, "oa", va, &a).expect("renew"), None);
+        assert_eq!(
+            read(&store, key).expect("read").expect("record").owner,
+            "oc"
+        );
+        assert!(renew(&store, key, "oc", vc, &c).expect("renew").is_some());
+        // A renewal that finds its own record at another version (its
+        // earlier write seen late) adopts it.
+        let seen = store.get_versioned(key).expect("read").version;
+        assert!(renew(&store, key, "oc", seen - 1, &c)
+            .expect("renew")
+            .is_some());
+    }
+
+    #[test]
+    fn of_many_simultaneous_takers_exactly_one_wins() {
+        for _ in 0..20 {
+            let store = Arc::new(MemStore::new());
+            let start = Arc::new(std::sync::Barrier::new(8));
+            let takers: Vec<_> = (0..8)
+                .map(|i| {
+                    let (store, start) = (store.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        take(
+                            &*store,
+                            b"lease/x",
+                            &format!("o{i}"),
+                            &record_of("t"),
+                            false,
+                        )
+                        .is_ok()
+                    })
+                })
+                .collect();
+            let won = takers
+                .into_iter()
+                .map(|t| t.join().expect("taker"))
+                .filter(|&won| won)
+                .count();
+            assert_eq!(won, 1);
         }
     }
 

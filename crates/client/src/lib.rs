@@ -5,12 +5,13 @@
 //! reads from every replica that is up with the newest copy winning and
 //! read repair (see `read.rs`), failover, down-node detection with background retry, batches
 //! split per node and sent in parallel, ordered range reads merged across
-//! nodes, anti-entropy repair and cluster status, [`lease`]s for one holder at a time; [`Store`] is what the
+//! nodes, anti-entropy repair and cluster status, compare-and-set on one key (`cas.rs`), [`lease`]s for one holder at a time; [`Store`] is what the
 //! adapters build on, with an in-memory model ([`MemStore`]) for their tests. It talks RESP to nodes over
 //! pooled, timed-out TCP connections and knows nothing of the engine.
 
 #![deny(missing_docs)]
 
+mod cas;
 mod cluster;
 mod config;
 mod conn;
@@ -30,6 +31,7 @@ pub use cluster::Cluster;
 pub use config::{ClusterConfig, PASSWORD_ENV};
 pub use conn::Conn;
 pub use error::{ClientError, Result};
+pub use protocol::versioned::Versioned;
 pub use repair::RepairReport;
 pub use status::NodeStatus;
 pub use store::{Capacity, MemStore, Store, WriteOp};

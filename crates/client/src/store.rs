@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use protocol::versioned::Versioned;
 
 use crate::cluster::Cluster;
 use crate::error::Result;
@@ -56,6 +57,20 @@ pub trait Store: Send + Sync {
     }
     /// Makes every write that returned so far durable.
     fn sync(&self) -> Result<()>;
+    /// The value under `key` with the version it was written at (version
+    /// 0 and no value: never written; a version and no value: deleted).
+    fn get_versioned(&self, key: &[u8]) -> Result<Versioned>;
+    /// Stores `value` (`None`: deletes) under `key` only if its version is
+    /// still `expected` (from [`Store::get_versioned`]): the new version
+    /// if written, `None` if someone wrote the key since. After `None` the
+    /// write may still have landed on some replicas (see the cluster's
+    /// `cas.rs`): read again before deciding anything.
+    fn write_if_version(
+        &self,
+        key: &[u8],
+        expected: u64,
+        value: Option<&[u8]>,
+    ) -> Result<Option<u64>>;
     /// The store's space, if it knows it.
     fn capacity(&self) -> Result<Option<Capacity>> {
         Ok(None)
@@ -132,6 +147,17 @@ impl Store for Cluster {
     fn capacity(&self) -> Result<Option<Capacity>> {
         Ok(Cluster::capacity(self))
     }
+    fn get_versioned(&self, key: &[u8]) -> Result<Versioned> {
+        Cluster::get_versioned(self, key)
+    }
+    fn write_if_version(
+        &self,
+        key: &[u8],
+        expected: u64,
+        value: Option<&[u8]>,
+    ) -> Result<Option<u64>> {
+        Cluster::write_if_version(self, key, expected, value)
+    }
 }
 
 /// An in-memory [`Store`]: a sorted map behind a lock. Counts its calls, so
@@ -139,6 +165,10 @@ impl Store for Cluster {
 #[derive(Default)]
 pub struct MemStore {
     map: Mutex<BTreeMap<Vec<u8>, Bytes>>,
+    /// Each key's last write version (deleted keys keep theirs); taken
+    /// after `map` when both are held.
+    versions: Mutex<std::collections::HashMap<Vec<u8>, u64>>,
+    clock: AtomicU64,
     /// Calls to `write` so far.
     pub writes: AtomicU64,
     /// Calls to `sync` so far.
@@ -187,13 +217,43 @@ impl Store for MemStore {
         self.largest_write
             .fetch_max(ops.len() as u64, Ordering::Relaxed);
         let mut map = self.map.lock();
+        let mut versions = self.versions.lock();
+        let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
         for (k, v) in ops {
             match v {
                 Some(v) => map.insert(k.to_vec(), Bytes::copy_from_slice(v)),
                 None => map.remove(*k),
             };
+            versions.insert(k.to_vec(), version);
         }
         Ok(())
+    }
+    fn get_versioned(&self, key: &[u8]) -> Result<Versioned> {
+        let map = self.map.lock();
+        let version = self.versions.lock().get(key).copied().unwrap_or(0);
+        Ok(Versioned {
+            version,
+            value: map.get(key).cloned(),
+        })
+    }
+    fn write_if_version(
+        &self,
+        key: &[u8],
+        expected: u64,
+        value: Option<&[u8]>,
+    ) -> Result<Option<u64>> {
+        let mut map = self.map.lock();
+        let mut versions = self.versions.lock();
+        if versions.get(key).copied().unwrap_or(0) != expected {
+            return Ok(None);
+        }
+        let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        match value {
+            Some(v) => map.insert(key.to_vec(), Bytes::copy_from_slice(v)),
+            None => map.remove(key),
+        };
+        versions.insert(key.to_vec(), version);
+        Ok(Some(version))
     }
     fn write_atomic(&self, ops: &[WriteOp<'_>]) -> Result<()> {
         // One lock hold: atomic for every reader.

@@ -78,7 +78,8 @@ pub fn create(store: &dyn Store, name: &str, chunk_size: u32) -> Result<FsRecord
             "chunk size {chunk_size}: must be a power of two from {MIN_CHUNK} to {MAX_CHUNK}"
         )));
     }
-    if open(store, name)?.is_some() {
+    let seen = store.get_versioned(&record_key(name))?;
+    if seen.value.is_some() {
         return Err(FsError::Refused(format!("file system {name} exists")));
     }
     let rec = FsRecord {
@@ -92,7 +93,21 @@ pub fn create(store: &dyn Store, name: &str, chunk_size: u32) -> Result<FsRecord
     root.parent = ROOT;
     // The root first: the record is what makes the file system exist.
     store.write_atomic(&[(&keys.inode(ROOT), Some(&root.encode()))])?;
-    store.put(&record_key(name), rec.encode().as_bytes())?;
+    // Only if no one created the name since we looked (compare-and-set):
+    // of two creates at one moment, one fails instead of both succeeding
+    // and the later record hiding the other's file system.
+    if store
+        .write_if_version(
+            &record_key(name),
+            seen.version,
+            Some(rec.encode().as_bytes()),
+        )?
+        .is_none()
+    {
+        return Err(FsError::Refused(format!(
+            "file system {name} was created elsewhere at the same moment"
+        )));
+    }
     Ok(rec)
 }
 
@@ -145,4 +160,38 @@ pub fn delete(store: Arc<dyn Store>, name: &str, force: bool) -> Result<()> {
     }
     store.delete(&record_key(name))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use client::MemStore;
+
+    #[test]
+    fn of_simultaneous_creates_of_one_name_one_succeeds() {
+        for _ in 0..20 {
+            let store = Arc::new(MemStore::new());
+            let start = Arc::new(std::sync::Barrier::new(4));
+            let made: Vec<Result<FsRecord>> = (0..4)
+                .map(|_| {
+                    let (store, start) = (store.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        create(&*store, "f", DEFAULT_CHUNK_SIZE)
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().expect("creator"))
+                .collect();
+            let ids: Vec<u64> = made
+                .iter()
+                .filter_map(|r| r.as_ref().ok())
+                .map(|r| r.id)
+                .collect();
+            assert_eq!(ids.len(), 1, "{made:?}");
+            let kept = open(&*store, "f").expect("open").expect("created");
+            assert_eq!(kept.id, ids[0], "the record is the winner's");
+        }
+    }
 }

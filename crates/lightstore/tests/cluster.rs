@@ -537,6 +537,110 @@ fn atomic_batches_land_whole_on_every_replica() {
     assert!(err.to_string().contains("SET or DEL"), "{err}");
 }
 
+/// Compare-and-set on real nodes: `VCAS` writes only over the version it
+/// expects (absent = 0), atomically per node; through the client, of
+/// writers racing from one version at most one wins on every replica, a
+/// plain write in between makes the next compare-and-set fail, a
+/// conditional delete leaves a tombstone, and with a replica down the
+/// write lands on the other and reaches the returning node as a hint.
+#[test]
+fn compare_and_set_writes_only_over_the_expected_version() {
+    let mut tc = TestCluster::start(3);
+    let c = tc.client();
+    let vcas = |node: usize, args: &[&[u8]]| {
+        let mut req: Vec<&[u8]> = vec![b"VCAS"];
+        req.extend_from_slice(args);
+        c.call_node(node, &req)
+    };
+    assert!(matches!(
+        vcas(0, &[b"n", b"0", b"5", b"SET", b"a"]),
+        Ok(Reply::Integer(1))
+    ));
+    assert!(matches!(
+        vcas(0, &[b"n", b"0", b"6", b"SET", b"b"]),
+        Ok(Reply::Integer(0))
+    ));
+    assert!(matches!(
+        vcas(0, &[b"n", b"5", b"7", b"DEL"]),
+        Ok(Reply::Integer(1))
+    ));
+    assert!(matches!(
+        vcas(0, &[b"n", b"7", b"8", b"SET", b"c"]),
+        Ok(Reply::Integer(1))
+    ));
+    for (bad, says) in [
+        (&[&b"n"[..], b"8", b"8", b"SET", b"d"][..], "greater"),
+        (&[b"n", b"8", b"9", b"PUT", b"d"], "SET value"),
+        (&[b"n", b"8", b"9", b"DEL", b"d"], "SET value"),
+        (&[b"n", b"x", b"9", b"DEL"], "unsigned"),
+    ] {
+        let err = vcas(0, bad).expect_err("malformed VCAS");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+    assert_eq!(
+        stored(&c, 0, b"n").and_then(|v| v.value).as_deref(),
+        Some(&b"c"[..])
+    );
+
+    // Through the client: racing writers from one version.
+    let v0 = c.get_versioned(b"lease").expect("read").version;
+    assert_eq!(v0, 0);
+    let writers: Vec<Cluster> = (0..6).map(|_| tc.client()).collect();
+    let won: Vec<u64> = std::thread::scope(|s| {
+        let racers: Vec<_> = writers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                s.spawn(move || w.write_if_version(b"lease", 0, Some(format!("w{i}").as_bytes())))
+            })
+            .collect();
+        racers
+            .into_iter()
+            .filter_map(|r| r.join().expect("racer").expect("cas"))
+            .collect()
+    });
+    assert!(won.len() <= 1, "{} writers won", won.len());
+    let now = c.get_versioned(b"lease").expect("read");
+    let replicas = c.replicas_of(b"lease");
+    for &r in &replicas {
+        assert_eq!(
+            stored(&c, r, b"lease").map(|v| v.version),
+            Some(now.version),
+            "replica {r}"
+        );
+    }
+    c.set(b"lease", b"plain").expect("plain write");
+    assert_eq!(
+        c.write_if_version(b"lease", now.version, Some(b"late"))
+            .expect("cas"),
+        None
+    );
+    let now = c.get_versioned(b"lease").expect("read");
+    let v = c
+        .write_if_version(b"lease", now.version, None)
+        .expect("cas delete")
+        .expect("nothing wrote in between");
+    let gone = c.get_versioned(b"lease").expect("read");
+    assert_eq!((gone.version, gone.value), (v, None));
+
+    // A replica down: the write lands on the other, then by hint.
+    let down = replicas[1];
+    tc.kill(down);
+    let v2 = c
+        .write_if_version(b"lease", v, Some(b"while down"))
+        .expect("cas with a replica down")
+        .expect("the live replica was at the version");
+    tc.restart(down);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while stored(&c, down, b"lease").map(|v| v.version) != Some(v2) {
+        assert!(
+            Instant::now() < deadline,
+            "the write did not reach node {down}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A node on this machine can be reached over its Unix socket
 /// (`unix:PATH` in the node list): reads, writes, ranges and a sync work
 /// as over TCP, and a missing socket is a clear connection error.

@@ -143,14 +143,15 @@ impl Volume {
     }
 }
 
-/// Creates volume `name` of `size` bytes. Fails if it exists. (Two
-/// adapters creating one name at the same moment may both succeed; the
-/// later record wins. Create volumes from one place.)
+/// Creates volume `name` of `size` bytes. Fails if it exists, also when
+/// another adapter creates it at the same moment (the record is written
+/// by compare-and-set).
 pub fn create(store: &dyn Store, name: &str, size: u64, chunk_size: u32) -> Result<Volume> {
     check_name(name)?;
     check_size(size)?;
     check_chunk(chunk_size)?;
-    if open(store, name)?.is_some() {
+    let seen = store.get_versioned(&meta_key(name))?;
+    if seen.value.is_some() {
         return Err(NbdError::BadVolume(format!("volume {name} exists")));
     }
     let vol = Volume {
@@ -162,7 +163,14 @@ pub fn create(store: &dyn Store, name: &str, size: u64, chunk_size: u32) -> Resu
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     };
-    store.put(&meta_key(name), vol.encode().as_bytes())?;
+    if store
+        .write_if_version(&meta_key(name), seen.version, Some(vol.encode().as_bytes()))?
+        .is_none()
+    {
+        return Err(NbdError::BadVolume(format!(
+            "volume {name} was created elsewhere at the same moment"
+        )));
+    }
     Ok(vol)
 }
 
@@ -300,6 +308,34 @@ mod tests {
         delete(&store, "vol1", false).expect("delete");
         assert_eq!(open(s, "vol1").expect("open"), None);
         assert!(s.get(&chunk_key(v.id, 1)).expect("get").is_none());
+    }
+
+    #[test]
+    fn of_simultaneous_creates_of_one_name_one_succeeds() {
+        for _ in 0..20 {
+            let store = Arc::new(MemStore::new());
+            let start = Arc::new(std::sync::Barrier::new(4));
+            let made: Vec<Result<Volume>> = (0..4)
+                .map(|_| {
+                    let (store, start) = (store.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        create(&*store, "v", 1 << 20, DEFAULT_CHUNK_SIZE)
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().expect("creator"))
+                .collect();
+            let ids: Vec<u64> = made
+                .iter()
+                .filter_map(|r| r.as_ref().ok())
+                .map(|v| v.id)
+                .collect();
+            assert_eq!(ids.len(), 1, "{made:?}");
+            let kept = open(&*store, "v").expect("open").expect("created");
+            assert_eq!(kept.id, ids[0], "the record is the winner's");
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub enum Cmd {
     Vset,
     Vdel,
     Vbatch,
+    Vcas,
     Vmeta,
     Fsync,
     Hint,
@@ -61,6 +62,7 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Vset, "vset", -4),
     (Cmd::Vdel, "vdel", -3),
     (Cmd::Vbatch, "vbatch", -5),
+    (Cmd::Vcas, "vcas", -5),
     (Cmd::Vmeta, "vmeta", -2),
     (Cmd::Fsync, "fsync", 1),
     (Cmd::Hint, "hint", -4),
@@ -201,6 +203,7 @@ impl Cmd {
                 | Cmd::Vset
                 | Cmd::Vdel
                 | Cmd::Vbatch
+                | Cmd::Vcas
                 | Cmd::Fsync
                 | Cmd::Hint
         )
@@ -223,6 +226,7 @@ impl Cmd {
                 | Cmd::Vset
                 | Cmd::Vdel
                 | Cmd::Vbatch
+                | Cmd::Vcas
                 | Cmd::Vmeta
                 | Cmd::Fsync
                 | Cmd::Hint

@@ -57,6 +57,7 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
         Cmd::Vset => crate::vcmd::vwrite(state, args, false),
         Cmd::Vdel => crate::vcmd::vwrite(state, args, true),
         Cmd::Vbatch => crate::vcmd::vbatch(state, args),
+        Cmd::Vcas => crate::vcmd::vcas(state, args),
         Cmd::Vmeta => crate::vcmd::vmeta(state, args),
         // Every write this node acknowledged before, durable on its device
         // whatever `--durability` says (the adapters' FLUSH and fsync).

@@ -24,7 +24,7 @@ pub fn is_reserved(key: &[u8]) -> bool {
 /// command; arities were checked): writes, point reads and HINT.
 pub fn reserved_key_in_write(cmd: Cmd, args: &[Bytes]) -> Option<&Bytes> {
     let (first, step) = match cmd {
-        Cmd::Set | Cmd::Get | Cmd::Strlen | Cmd::Getrange => {
+        Cmd::Set | Cmd::Get | Cmd::Strlen | Cmd::Getrange | Cmd::Vcas => {
             return args.get(1).filter(|k| is_reserved(k))
         }
         Cmd::Mset => (1, 2),

@@ -17,6 +17,14 @@
 //! is there or none is (the file adapter's metadata changes). Replies like
 //! VSET.
 //!
+//! `VCAS key expected version SET value` / `VCAS key expected version DEL`
+//! writes one key only if the version of its stored copy is exactly
+//! `expected` (0: absent, or a value written without a version) and
+//! `version` is greater: a compare-and-set, atomic with respect to every
+//! other versioned write of the key on this node (the same conditional
+//! batch). Replies 1 when written, 0 when not. Leases use it, so a holder
+//! renewing and a rival taking over can never both succeed on a replica.
+//!
 //! `VMETA key [key ...]` answers, per key, what a replica holds without
 //! sending it: nil when absent, else `[version, crc32c, length, deleted]`
 //! of the stored copy (version as a decimal bulk string, the others
@@ -68,6 +76,47 @@ pub fn vbatch(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     let ops = greatest_per_key(items);
     let written = write(state, &ops)?;
     Ok(Reply::Integer(written.iter().filter(|&&w| w).count() as i64))
+}
+
+/// VCAS: one versioned write if the stored version is `expected`.
+pub fn vcas(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let (expected, version) = match (args.get(2), args.get(3)) {
+        (Some(e), Some(v)) => match (parse_version(e), parse_version(v)) {
+            (Some(e), Some(v)) => (e, v),
+            _ => return Ok(Reply::err("version is not an unsigned 64-bit integer")),
+        },
+        _ => return Ok(errors::wrong_args("vcas")),
+    };
+    let copy = match (args.get(4), args.len()) {
+        (Some(kind), 6) if kind.eq_ignore_ascii_case(b"SET") => {
+            StoredCopy::store(&args[1], version, &args[5])
+        }
+        (Some(kind), 5) if kind.eq_ignore_ascii_case(b"DEL") => {
+            StoredCopy::tombstone(&args[1], version)
+        }
+        _ => {
+            return Ok(Reply::err(
+                "vcas takes key expected version SET value, or key expected version DEL",
+            ))
+        }
+    };
+    if version <= expected {
+        return Ok(Reply::err(
+            "vcas: the new version must be greater than the expected one",
+        ));
+    }
+    let op = BatchOp::PutParts {
+        key: copy.key,
+        head: copy.head,
+        body: copy.body,
+    };
+    let _shared = state.write_order.read();
+    let written = state
+        .db
+        .write_batch_if(std::slice::from_ref(&op), |_, current| {
+            Ok(stored_version(current)? == expected)
+        })?;
+    Ok(Reply::Integer(i64::from(written.first() == Some(&true))))
 }
 
 /// A pipelined run of VSET/VDEL commands as one conditional batch: their
