@@ -291,6 +291,22 @@ impl Filesystem for FuseFs {
             // truncation when the caller lacks CAP_FSETID.
             drop_set_id: uid.is_some() || gid.is_some() || (size.is_some() && lacks_fsetid(req)),
         };
+        // `chown(f, -1, -1)` reaches us as a change of nothing but (with
+        // the write-back cache, for a regular file) ctime: the kernel
+        // dropped the owner change it would have made but still expects
+        // set-user-ID and set-group-ID cleared, as a local file system
+        // does. No other call sends such a request (`utimensat` omitting
+        // both times returns before asking).
+        let chown_to_same = mode.is_none()
+            && uid.is_none()
+            && gid.is_none()
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none();
+        let set = SetAttr {
+            drop_set_id: set.drop_set_id || chown_to_same,
+            ..set
+        };
         self.reply_attr("setattr", self.fs.setattr(ino.0, &set), reply);
     }
 

@@ -430,6 +430,10 @@ for who, uid in (("user", user), ("root", 0)):
 for mode in (0o4755, 0o2775, 0o2644, 0o6755):
     p = make(f"chown-{mode:o}", mode); os.chown(p, 0, -1)
     print(f"chown by root of {mode:o}: {os.stat(p).st_mode & 0o7777:o}")
+    p = make(f"chown-same-{mode:o}", mode); os.chown(p, -1, -1)
+    print(f"chown -1 -1 by root of {mode:o}: {os.stat(p).st_mode & 0o7777:o}")
+    p = make(f"chown-same-user-{mode:o}", mode); as_user(user, lambda: os.chown(p, -1, -1))
+    print(f"chown -1 -1 by user of {mode:o}: {os.stat(p).st_mode & 0o7777:o}")
 "#;
 
 /// The mount clears set-user-ID and set-group-ID bits where a local file
@@ -456,6 +460,7 @@ fn set_id_bits_clear_as_on_a_local_disk() {
         "O_TRUNC by user of 2775: 775",
         "write by root of 6711: 6711",
         "chown by root of 6755: 755",
+        "chown -1 -1 by user of 4755: 755",
     ] {
         assert!(
             local.contains(line),
