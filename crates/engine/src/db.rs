@@ -5,14 +5,14 @@
 //! `recovery.rs`.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
 use flash::{Device, FlashStore, SegmentId};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::iter::{EntryIter, LevelIter, MergeIter};
@@ -20,6 +20,7 @@ use crate::ktwriter::KeytableWriter;
 use crate::memtable::Memtable;
 use crate::options::{Durability, Options};
 use crate::record::{FLAG_RELOCATED, KIND_DELETE, KIND_PUT};
+use crate::signal::MaintSignal;
 use crate::stats::{Counters, Stats};
 use crate::types::{Entry, Kind, SeqNo, ValueBytes, ValuePtr};
 use crate::version::{Finger, ReadCtx, Version};
@@ -92,13 +93,8 @@ pub(crate) struct MaintState {
     pub(crate) flushed_seq: SeqNo,
     /// Position captured when `imm` was frozen.
     pub(crate) imm_replay: Option<(LogPosition, SeqNo)>,
-    /// GC victims whose live values were re-inserted; released after the
-    /// next flush makes the re-inserted pointers durable in keytables.
-    pub(crate) gc_awaiting_flush: Vec<SegmentId>,
-    pub(crate) gc_ready: Vec<SegmentId>,
-    /// Segments GC skipped because a snapshot needs old versions in them,
-    /// with the snapshot set at that time (retried when it changes).
-    pub(crate) gc_pinned: (Vec<SegmentId>, Vec<SeqNo>),
+    /// GC's victims between passes (`gc.rs`).
+    pub(crate) gc: crate::gc::GcVictims,
     /// Per level, the key after which the next compaction starts.
     pub(crate) compact_cursor: Vec<Bytes>,
     /// Compactions forced by low space since space was last plentiful.
@@ -122,10 +118,9 @@ pub(crate) struct DbInner {
     pub(crate) release_queue: Arc<Mutex<Vec<SegmentId>>>,
     pub(crate) counters: Counters,
     pub(crate) page: usize,
-    pub(crate) wake: Mutex<bool>,
-    pub(crate) wake_cv: Condvar,
-    pub(crate) flushed_cv: Condvar,
-    pub(crate) shutdown: AtomicBool,
+    /// Wake-ups, flush notices and the stop flag between writers,
+    /// maintenance and `close` (`signal.rs`).
+    pub(crate) signal: MaintSignal,
     pub(crate) bg_error: Mutex<Option<String>>,
     /// Set when the checkpoint that opening writes (recording the new log
     /// and boot number) failed for want of host space: until maintenance
@@ -398,12 +393,7 @@ impl Db {
     }
 
     fn stop_threads(&mut self) {
-        self.inner.shutdown.store(true, Ordering::Release);
-        {
-            let mut w = self.inner.wake.lock();
-            *w = true;
-            self.inner.wake_cv.notify_all();
-        }
+        self.inner.signal.stop();
         self.inner.vlog.wake_writer();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -641,7 +631,7 @@ impl DbInner {
     }
 
     fn log_writer_loop(&self) {
-        while !self.shutdown.load(Ordering::Acquire) {
+        while !self.signal.stopping() {
             self.vlog.wait_for_chunks(Duration::from_millis(20));
             match self.vlog.write_pending(true) {
                 Ok(()) => {}
@@ -698,7 +688,7 @@ impl DbInner {
                         && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
                             || (deletes && self.unmerged_deletes_may_free()))
                         && std::time::Instant::now() < deadline
-                        && !self.shutdown.load(Ordering::Acquire)
+                        && !self.signal.stopping()
                         && self.bg_error.lock().is_none() =>
                 {
                     self.wake();
@@ -765,24 +755,22 @@ impl DbInner {
             return Ok(());
         }
         let deadline = std::time::Instant::now() + self.opts.max_write_stall;
-        let mut w = self.wake.lock();
-        while self.flush_debt() >= 2.5 && !self.shutdown.load(Ordering::Acquire) {
+        let mut w = self.signal.hold();
+        while self.flush_debt() >= 2.5 && !self.signal.stopping() {
             if self.bg_error.lock().is_some() {
                 return Ok(());
             }
             if std::time::Instant::now() >= deadline {
                 return Err(Error::WriteStall(self.opts.max_write_stall));
             }
-            self.flushed_cv.wait_for(&mut w, Duration::from_millis(10));
+            self.signal.wait_flushed(&mut w, Duration::from_millis(10));
             Counters::add(&self.counters.write_throttle_micros, 10_000);
         }
         Ok(())
     }
 
     pub(crate) fn wake(&self) {
-        let mut w = self.wake.lock();
-        *w = true;
-        self.wake_cv.notify_all();
+        self.signal.wake();
     }
 
     /// The structures a read searches and the sequence number it reads at:
@@ -1053,10 +1041,10 @@ impl DbInner {
     }
 
     fn sync_loop(&self, every: Duration) {
-        while !self.shutdown.load(Ordering::Acquire) {
+        while !self.signal.stopping() {
             // Sleep in short steps: a long interval must not hold up close.
             let due = std::time::Instant::now() + every;
-            while !self.shutdown.load(Ordering::Acquire) {
+            while !self.signal.stopping() {
                 let left = due.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
                     break;

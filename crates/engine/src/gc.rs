@@ -28,6 +28,46 @@ const ROOMY_FREE_FRACTION: f64 = 0.5;
 /// little to relocate).
 const ROOMY_LIVE_THRESHOLD: f64 = 0.1;
 
+/// GC's bookkeeping between passes (kept in `MaintState`): segments
+/// cleaned and waiting for the flush that makes their relocated values'
+/// pointers durable, segments flushed and waiting for the checkpoint that
+/// releases them, and segments a snapshot still needs (retried once the
+/// set of snapshots changes).
+#[derive(Default)]
+pub(crate) struct GcVictims {
+    awaiting_flush: Vec<SegmentId>,
+    ready: Vec<SegmentId>,
+    pinned: Vec<SegmentId>,
+    /// The snapshots that pinned `pinned`.
+    pinned_for: Vec<SeqNo>,
+}
+
+impl GcVictims {
+    /// Forgets the pins if the snapshots are no longer those that pinned.
+    fn unpin_unless(&mut self, snapshots: Vec<SeqNo>) {
+        if self.pinned_for != snapshots {
+            self.pinned.clear();
+            self.pinned_for = snapshots;
+        }
+    }
+
+    /// Whether `seg` is cleaned, releasable or pinned already.
+    fn tracks(&self, seg: &SegmentId) -> bool {
+        self.awaiting_flush.contains(seg) || self.ready.contains(seg) || self.pinned.contains(seg)
+    }
+
+    /// A flush made the cleaned segments' relocations durable: the next
+    /// checkpoint may release them.
+    pub(crate) fn flushed(&mut self) {
+        self.ready.append(&mut self.awaiting_flush);
+    }
+
+    /// The segments a checkpoint releases now (no longer tracked).
+    pub(crate) fn take_ready(&mut self) -> Vec<SegmentId> {
+        std::mem::take(&mut self.ready)
+    }
+}
+
 impl DbInner {
     /// One GC pass (under the maintenance lock). `force` cleans any segment
     /// with garbage; otherwise the thresholds decide.
@@ -39,9 +79,7 @@ impl DbInner {
     pub(crate) fn gc_locked(&self, st: &mut MaintState, force: bool) -> Result<usize> {
         let current = self.vlog.current_segment();
         let snapshots = self.snapshot_seqs();
-        if st.gc_pinned.1 != snapshots {
-            st.gc_pinned = (Vec::new(), snapshots);
-        }
+        st.gc.unpin_unless(snapshots);
         let low_space = self.space_low();
         // Cleaning a segment costs rewriting its live bytes and gains its
         // garbage: below the threshold the gain is worth it; when space is
@@ -61,12 +99,7 @@ impl DbInner {
             .segments()
             .into_iter()
             .filter(|(seg, m)| {
-                *seg != current
-                    && m.sealed
-                    && m.epoch < st.replay.epoch
-                    && !st.gc_awaiting_flush.contains(seg)
-                    && !st.gc_ready.contains(seg)
-                    && !st.gc_pinned.0.contains(seg)
+                *seg != current && m.sealed && m.epoch < st.replay.epoch && !st.gc.tracks(seg)
             })
             .map(|(seg, m)| {
                 let live = m.live_fraction();
@@ -84,10 +117,10 @@ impl DbInner {
         let mut cleaned = 0;
         for (seg, meta, _) in &victims {
             if self.gc_segment(*seg, meta, reserve)? {
-                st.gc_awaiting_flush.push(*seg);
+                st.gc.awaiting_flush.push(*seg);
                 cleaned += 1;
             } else {
-                st.gc_pinned.0.push(*seg);
+                st.gc.pinned.push(*seg);
             }
         }
         if cleaned == 0 {

@@ -35,6 +35,7 @@ mod record;
 mod recovery;
 mod segreader;
 mod shape;
+mod signal;
 mod stats;
 mod tag;
 #[cfg(test)]

@@ -102,15 +102,9 @@ impl DbInner {
     pub(crate) fn background_loop(&self) {
         let mut last_warning: Option<std::time::Instant> = None;
         let mut quiet = Quiet::new(self.visible_seq.load(Ordering::Acquire));
-        while !self.shutdown.load(Ordering::Acquire) {
-            {
-                let mut w = self.wake.lock();
-                if !*w {
-                    self.wake_cv.wait_for(&mut w, Duration::from_millis(100));
-                }
-                *w = false;
-            }
-            if self.shutdown.load(Ordering::Acquire) {
+        while !self.signal.stopping() {
+            self.signal.wait_for_work(Duration::from_millis(100));
+            if self.signal.stopping() {
                 break;
             }
             let mut round = self.maintenance();
@@ -121,7 +115,7 @@ impl DbInner {
                 if !e.is_no_space() {
                     tracing::error!(error = %e, "background maintenance failed");
                     *self.bg_error.lock() = Some(e.to_string());
-                    self.flushed_cv.notify_all();
+                    self.signal.flushed();
                     return;
                 }
                 // Out of space is retried; say so now and then, not per round.
@@ -277,15 +271,14 @@ impl DbInner {
         st.replay = pos;
         st.flushed_seq = seq;
         st.imm_replay = None;
-        let ready: Vec<_> = st.gc_awaiting_flush.drain(..).collect();
-        st.gc_ready.extend(ready);
+        st.gc.flushed();
         Counters::add(&self.counters.flushes, 1);
         self.checkpoint(st)?;
         // The checkpoint records this run's log: writes may go on.
         if self.boot_checkpoint.lock().take().is_some() {
             tracing::info!("the checkpoint after open is written; writes accepted");
         }
-        self.flushed_cv.notify_all();
+        self.signal.flushed();
         Ok(())
     }
 
@@ -657,7 +650,7 @@ impl DbInner {
             }
             self.flash.release(seg)?;
         }
-        for seg in st.gc_ready.drain(..) {
+        for seg in st.gc.take_ready() {
             self.vlog.remove_segment(seg);
             self.flash.release(seg)?;
             Counters::add(&self.counters.gc_segments_reclaimed, 1);

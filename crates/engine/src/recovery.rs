@@ -8,12 +8,12 @@
 //! always works without a repair step.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use flash::{AlignedBuf, Device, FlashStore, FormatOptions, SegmentId, SegmentState};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::cache::BlockCache;
 use crate::db::{DbInner, MaintState, SuperVersion};
@@ -25,6 +25,7 @@ use crate::memtable::Memtable;
 use crate::options::Options;
 use crate::record::{self, FLAG_BATCH_CONTINUES, HEADER_LEN};
 use crate::segreader::SegmentReader;
+use crate::signal::MaintSignal;
 use crate::stats::Counters;
 use crate::types::{Kind, SeqNo, ValuePtr};
 use crate::version::{Keytable, ReadCtx, SegmentRef, Version};
@@ -204,9 +205,7 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
             replay: manifest.replay,
             flushed_seq: manifest.last_seq,
             imm_replay: None,
-            gc_awaiting_flush: Vec::new(),
-            gc_ready: Vec::new(),
-            gc_pinned: (Vec::new(), Vec::new()),
+            gc: Default::default(),
             compact_cursor: Vec::new(),
             forced_compactions: 0,
         }),
@@ -214,10 +213,7 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
         user_bytes_base: manifest.counters.user_bytes,
         release_queue,
         counters: Counters::default(),
-        wake: Mutex::new(false),
-        wake_cv: Condvar::new(),
-        flushed_cv: Condvar::new(),
-        shutdown: AtomicBool::new(false),
+        signal: MaintSignal::new(),
         bg_error: Mutex::new(None),
         boot_checkpoint: Mutex::new(None),
         free_hint: AtomicU32::new(u32::MAX),
