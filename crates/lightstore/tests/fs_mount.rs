@@ -380,20 +380,56 @@ fn missing_names_are_remembered_until_created() {
     for _ in 0..200 {
         assert!(std::fs::symlink_metadata(&missing).is_err());
     }
-    let stats = node.cli(&["info", "commandstats"]);
-    let reads: u64 = stats
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_mget:calls="))
-        .filter_map(|l| l.split(',').next()?.parse::<u64>().ok())
-        .sum();
-    assert!(
-        reads < 20,
-        "{reads} reads for 200 probes of one name:\n{stats}"
-    );
+    let reads = node_mgets(node);
+    assert!(reads < 20, "{reads} reads for 200 probes of one name");
     std::fs::write(&missing, b"now here").expect("create");
     assert_eq!(std::fs::read(&missing).expect("read"), b"now here");
     std::fs::remove_file(&missing).expect("remove");
     assert!(std::fs::symlink_metadata(&missing).is_err());
+    m.stop();
+}
+
+/// Node `MGET` calls counted since the last `CONFIG RESETSTAT`.
+fn node_mgets(node: &node_support::Node) -> u64 {
+    node.cli(&["info", "commandstats"])
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_mget:calls="))
+        .filter_map(|l| l.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// `rm -rf` of a directory on a freshly started mount (nothing cached):
+/// the inodes of each listing page are read in one multi-get, not one
+/// node read per name looked up, and everything is gone afterwards.
+#[test]
+fn a_cold_rm_rf_reads_the_listed_inodes_by_page() {
+    if !can_mount() {
+        return;
+    }
+    const FILES: usize = 2000;
+    let (s, m) = mount_on_one_node("rmrf");
+    let dir = s.mnt.join("d");
+    std::fs::create_dir(&dir).expect("mkdir");
+    for i in 0..FILES {
+        std::fs::write(dir.join(format!("file-{i:05}")), b"").expect("create");
+    }
+    m.stop();
+    let m = Mount::start(&s.nodes, "rmrf", &s.mnt, &[]);
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+    let node = s.tc.nodes[0].as_ref().expect("node up");
+    assert_eq!(node.cli(&["config", "resetstat"]), "OK");
+    let out = sh(&format!("rm -rf '{}'", dir.display()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reads = node_mgets(node);
+    assert!(!dir.exists());
+    assert!(
+        reads < FILES as u64 / 4,
+        "{reads} node reads to remove {FILES} files"
+    );
     m.stop();
 }
 
