@@ -34,4 +34,4 @@ pub use error::{ClientError, Result};
 pub use protocol::versioned::Versioned;
 pub use repair::RepairReport;
 pub use status::NodeStatus;
-pub use store::{Capacity, MemStore, Store, WriteOp};
+pub use store::{Capacity, MemStore, Store, StoredKeys, WriteOp};

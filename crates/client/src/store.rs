@@ -20,6 +20,15 @@ use crate::error::Result;
 /// One write of a batch: `Some(value)` stores, `None` deletes.
 pub type WriteOp<'a> = (&'a [u8], Option<&'a [u8]>);
 
+/// A page of stored keys ([`Store::stored_keys`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredKeys {
+    /// The listed keys that hold a value, in key order.
+    pub keys: Vec<Bytes>,
+    /// When the page was full: the last key listed (more may follow it).
+    pub full_at: Option<Bytes>,
+}
+
 /// Space of a store for user data, in bytes (what `df` shows): the
 /// devices' total and free bytes divided by the copies kept of each key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +63,27 @@ pub trait Store: Send + Sync {
             .into_iter()
             .map(|(k, _)| k)
             .collect())
+    }
+    /// One page of up to `limit` keys listed in `[start, end)`, without
+    /// those deleted recently (which a listing may still show): each
+    /// listed key is confirmed with [`Store::exists`].
+    fn stored_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<StoredKeys> {
+        let listed = self.range_keys(start, end, limit)?;
+        let full_at = (listed.len() == limit)
+            .then(|| listed.last().cloned())
+            .flatten();
+        let refs: Vec<&[u8]> = listed.iter().map(|k| &k[..]).collect();
+        let held = if refs.is_empty() {
+            Vec::new()
+        } else {
+            self.exists(&refs)?
+        };
+        let keys = listed
+            .into_iter()
+            .zip(held)
+            .filter_map(|(k, held)| held.then_some(k))
+            .collect();
+        Ok(StoredKeys { keys, full_at })
     }
     /// Makes every write that returned so far durable.
     fn sync(&self) -> Result<()>;
@@ -95,29 +125,18 @@ pub trait Store: Send + Sync {
     fn delete_range(&self, start: &[u8], end: &[u8], page: usize) -> Result<()> {
         let mut from = start.to_vec();
         loop {
-            let keys = self.range_keys(&from, end, page)?;
-            let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-            if !refs.is_empty() {
-                let held = self.exists(&refs)?;
-                let ops: Vec<WriteOp<'_>> = refs
-                    .iter()
-                    .zip(held)
-                    .filter(|(_, held)| *held)
-                    .map(|(k, _)| (*k, None))
-                    .collect();
-                if !ops.is_empty() {
-                    self.write(&ops)?;
-                }
+            let listed = self.stored_keys(&from, end, page)?;
+            if !listed.keys.is_empty() {
+                let ops: Vec<WriteOp<'_>> = listed.keys.iter().map(|k| (&k[..], None)).collect();
+                self.write(&ops)?;
             }
-            match keys.last() {
-                // Pages on from the last key listed: a listing that shows
-                // deleted keys again still moves forward.
-                Some(last) if keys.len() == page => {
-                    from = last.to_vec();
-                    from.push(0);
-                }
-                _ => return Ok(()),
-            }
+            // Pages on from the last key listed: a listing that shows
+            // deleted keys again still moves forward.
+            let Some(last) = listed.full_at else {
+                return Ok(());
+            };
+            from = last.to_vec();
+            from.push(0);
         }
     }
 }

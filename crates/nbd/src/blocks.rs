@@ -453,27 +453,17 @@ impl Blocks {
         let cs = u64::from(self.vol.chunk_size);
         let end = offset + len;
         let (first, last) = (offset / cs, end.div_ceil(cs));
-        let listed = self.store.range_keys(
+        let listed = self.store.stored_keys(
             &chunk_key(self.vol.id, first),
             &chunk_key(self.vol.id, last),
             MAX_STATUS_LISTED,
         )?;
-        let chunks: Vec<u64> = listed
-            .iter()
-            .filter_map(|k| chunk_index(self.vol.id, k))
-            .filter(|c| (first..last).contains(c))
-            .collect();
-        let end = match chunks.last() {
-            Some(&c) if listed.len() == MAX_STATUS_LISTED => end.min((c + 1) * cs),
-            _ => end,
-        };
-        // A listing may show chunks deleted recently: ask which hold data.
-        let keys: Vec<Vec<u8>> = chunks.iter().map(|&c| chunk_key(self.vol.id, c)).collect();
-        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        let held = if refs.is_empty() {
-            Vec::new()
-        } else {
-            self.store.exists(&refs)?
+        let in_range = |k: &[u8]| chunk_index(self.vol.id, k).filter(|c| (first..last).contains(c));
+        let chunks: Vec<u64> = listed.keys.iter().filter_map(|k| in_range(k)).collect();
+        // A listing cut short answers up to its last chunk.
+        let end = match listed.full_at.as_deref().and_then(in_range) {
+            Some(c) => end.min((c + 1) * cs),
+            None => end,
         };
         let mut out: Vec<Extent> = Vec::new();
         let mut push = |len: u64, hole: bool| match out.last_mut() {
@@ -482,7 +472,7 @@ impl Blocks {
             _ => {}
         };
         let mut pos = offset;
-        for (&c, _) in chunks.iter().zip(&held).filter(|(_, &h)| h) {
+        for &c in &chunks {
             let (a, z) = ((c * cs).max(offset), ((c + 1) * cs).min(end));
             push(a.saturating_sub(pos), true);
             push(z - a, false);
