@@ -108,19 +108,6 @@ pub enum LeaseError {
     Thread(std::io::Error),
 }
 
-/// An id no other lease owner has: the time, the process and a counter,
-/// hashed.
-fn unique_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let seed = [nanos, u64::from(std::process::id()), n];
-    let bytes: Vec<u8> = seed.iter().flat_map(|x| x.to_le_bytes()).collect();
-    xxhash_rust::xxh64::xxh64(&bytes, 0x004c_534c_4541_5345)
-}
-
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -277,7 +264,7 @@ impl Lease {
         what: &str,
         force: bool,
     ) -> Result<Lease, LeaseError> {
-        let owner = format!("{:016x}", unique_id());
+        let owner = format!("{:016x}", crate::version::unique_id());
         let holder = holder.to_string();
         let record = move |owner: &str| Record {
             owner: owner.to_string(),

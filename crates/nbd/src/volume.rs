@@ -156,7 +156,7 @@ pub fn create(store: &dyn Store, name: &str, size: u64, chunk_size: u32) -> Resu
     }
     let vol = Volume {
         name: name.to_string(),
-        id: random_id(),
+        id: client::version::unique_id(),
         size,
         chunk_size,
         created: SystemTime::now()
@@ -256,15 +256,6 @@ fn delete_chunks(store: &dyn Store, id: u64, from: u64) -> Result<()> {
         None => [CHUNK_PREFIX, &[0xff; 17]].concat(),
     };
     Ok(store.delete_range(&chunk_key(id, from), &end, 1024)?)
-}
-
-fn random_id() -> u64 {
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    xxhash_rust::xxh3::xxh3_64(
-        &[t.to_le_bytes(), u64::from(std::process::id()).to_le_bytes()].concat(),
-    )
 }
 
 #[cfg(test)]
