@@ -331,3 +331,99 @@ fn a_client_that_never_reads_its_replies_is_closed() {
         got.len()
     );
 }
+
+/// Every command the node knows (and some it refuses or does not know),
+/// with random arguments drawn from values that parse and values that do
+/// not (numbers at and past their limits, reserved keys, binary, large),
+/// seeded: each request gets a reply, the node never closes the
+/// connection or dies, and it serves normally afterwards. `SHUTDOWN`,
+/// `QUIT`, `HELLO` (RESP3) and `CONFIG SET` are left out: they end the
+/// connection, change its protocol or the node's settings on purpose.
+#[test]
+fn every_command_with_random_arguments_gets_a_reply() {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    const COMMANDS: &[&str] = &[
+        "PING", "ECHO", "AUTH", "CLIENT", "SELECT", "COMMAND", "CONFIG", "SET", "GET", "MSET",
+        "MGET", "DEL", "EXISTS", "STRLEN", "GETRANGE", "SCAN", "RANGE", "VSET", "VDEL", "VBATCH",
+        "VCAS", "VMETA", "FSYNC", "HINT", "DBSIZE", "INFO", "EXPIRE", "INCR", "HSET", "NOSUCH",
+    ];
+    let big = vec![b'x'; 100_000];
+    let words: Vec<&[u8]> = vec![
+        b"k",
+        b"k2",
+        b"",
+        b"0",
+        b"1",
+        b"-1",
+        b"7",
+        b"18446744073709551615",
+        b"18446744073709551616",
+        b"-9223372036854775809",
+        b"SET",
+        b"DEL",
+        b"NX",
+        b"XX",
+        b"GET",
+        b"MATCH",
+        b"COUNT",
+        b"LIMIT",
+        b"KEYSONLY",
+        b"DIGESTS",
+        b"*",
+        b"a*",
+        b"[",
+        b"GETNAME",
+        b"SETNAME",
+        b"ID",
+        b"stats",
+        b"engine",
+        b"RESETSTAT",
+        b"\xff\xff\xff\xfflightstore/h",
+        b"127.0.0.1:1",
+        b"\x00\xff\r\n",
+        &big,
+    ];
+    let n = Node::start(&[]);
+    let seed = std::env::var("SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(26);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut c = BufReader::new(n.connect());
+    let mut errors = 0;
+    for i in 0..3000 {
+        let cmd = COMMANDS[rng.gen_range(0..COMMANDS.len())].as_bytes();
+        let mut args: Vec<&[u8]> = vec![cmd];
+        for _ in 0..rng.gen_range(0..7) {
+            args.push(words[rng.gen_range(0..words.len())]);
+        }
+        if cmd == b"CONFIG" && args.get(1).is_some_and(|a| a.eq_ignore_ascii_case(b"SET")) {
+            continue;
+        }
+        c.get_mut()
+            .write_all(&node_support::encode(&args))
+            .expect("write");
+        let reply = node_support::read_reply(&mut c);
+        if matches!(reply, Ok(Resp::Error(_))) {
+            errors += 1;
+        }
+        if let Err(e) = reply {
+            let shown: Vec<String> = args
+                .iter()
+                .map(|a| String::from_utf8_lossy(&a[..a.len().min(40)]).into_owned())
+                .collect();
+            panic!("seed {seed}, request {i} {shown:?}: no reply ({e})");
+        }
+    }
+    assert!(
+        errors < 2700,
+        "{errors} of 3000 replies were errors: arguments too wild"
+    );
+    still_serving(&n);
+    let log = n.log_text();
+    assert!(
+        !log.contains("panicked"),
+        "seed {seed}: a command panicked:\n{log}"
+    );
+}
