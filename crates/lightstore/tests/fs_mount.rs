@@ -433,6 +433,111 @@ fn a_cold_rm_rf_reads_the_listed_inodes_by_page() {
     m.stop();
 }
 
+/// A seeded random sequence of namespace and data operations (mkdir,
+/// rmdir, create, write, unlink, rename with and without
+/// RENAME_NOREPLACE / RENAME_EXCHANGE, link, symlink, readlink, chmod,
+/// truncate, listing, stat) on up to three levels of four names, each
+/// printed with its result or errno, then the whole tree (kinds, modes,
+/// link counts, sizes, content hashes, link targets). `n` = 0 prints the
+/// tree only.
+const NAMESPACE_WORKLOAD: &str = r#"
+import errno, hashlib, os, random, stat, sys
+d, seed, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = random.Random(seed)
+names = ["a", "b", "c", "d"]
+def path():
+    depth = r.choice((1, 1, 2, 2, 3))
+    return os.path.join(d, *[r.choice(names) for _ in range(depth)])
+def data():
+    return r.randbytes(r.choice((0, 1, 100, 5000, 70000)))
+def create(p):
+    fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.write(fd, data()); os.close(fd)
+def write(p):
+    fd = os.open(p, os.O_WRONLY)
+    os.pwrite(fd, data(), r.choice((0, 10, 4096, 66000))); os.close(fd)
+def rename_noreplace(a, b):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), 1) != 0:
+        e = ctypes.get_errno(); raise OSError(e, os.strerror(e))
+def exchange(a, b):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:
+        e = ctypes.get_errno(); raise OSError(e, os.strerror(e))
+OPS = [
+    ("mkdir", 1, lambda p: os.mkdir(p, 0o755)),
+    ("rmdir", 1, os.rmdir),
+    ("create", 1, create),
+    ("write", 1, write),
+    ("unlink", 1, os.unlink),
+    ("rename", 2, os.rename),
+    ("rename_noreplace", 2, rename_noreplace),
+    ("exchange", 2, exchange),
+    ("link", 2, os.link),
+    ("symlink", 2, lambda a, b: os.symlink(os.path.relpath(a, d), b)),
+    ("readlink", 1, os.readlink),
+    ("chmod", 1, lambda p: os.chmod(p, r.choice((0o600, 0o755, 0o1777, 0o2750)))),
+    ("truncate", 1, lambda p: os.truncate(p, r.choice((0, 3, 5000, 100000)))),
+    ("listdir", 1, lambda p: sorted(os.listdir(p))),
+    ("stat", 1, lambda p: stat.filemode(os.lstat(p).st_mode)),
+]
+for i in range(n):
+    name, argc, fn = r.choice(OPS)
+    args = [path() for _ in range(argc)]
+    try:
+        out = fn(*args)
+        res = "ok" if out is None else repr(out)
+    except OSError as e:
+        res = errno.errorcode.get(e.errno, str(e.errno))
+    shown = " ".join(os.path.relpath(a, d) for a in args)
+    print(f"{i} {name} {shown}: {res}")
+for root, dirs, files in os.walk(d):
+    dirs.sort()
+    for x in sorted(dirs + files):
+        p = os.path.join(root, x); st = os.lstat(p)
+        rel = os.path.relpath(p, d)
+        if stat.S_ISREG(st.st_mode):
+            h = hashlib.sha256(open(p, "rb").read()).hexdigest()[:16]
+            print(f"{rel} {stat.filemode(st.st_mode)} n{st.st_nlink} {st.st_size} {h}")
+        elif stat.S_ISLNK(st.st_mode):
+            print(f"{rel} link -> {os.readlink(p)}")
+        else:
+            print(f"{rel} {stat.filemode(st.st_mode)} n{st.st_nlink}")
+"#;
+
+/// The namespace workload gives the same transcript and the same tree on
+/// the mount as on a local directory (the local file system is the
+/// oracle), and the tree is the same again after a remount.
+#[test]
+fn random_namespace_operations_match_a_local_directory() {
+    if !can_mount() || !have_tools(&["python3"]) {
+        return;
+    }
+    let (s, m) = mount_on_one_node("ns");
+    let run = |dir: &Path, n: usize| {
+        std::fs::create_dir_all(dir).expect("dir");
+        let path = s.tmp.path().join("ns.py");
+        std::fs::write(&path, NAMESPACE_WORKLOAD).expect("script");
+        let out = sh(&format!(
+            "python3 '{}' '{}' 7 {n}",
+            path.display(),
+            dir.display()
+        ));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let local = run(&s.tmp.path().join("local"), 1500);
+    assert!(local.lines().count() > 1500, "{local}");
+    assert_eq!(run(&s.mnt.join("t"), 1500), local);
+    m.stop();
+    let m = Mount::start(&s.nodes, "ns", &s.mnt, &[]);
+    let tree = run(&s.tmp.path().join("local"), 0);
+    assert!(!tree.is_empty());
+    assert_eq!(run(&s.mnt.join("t"), 0), tree, "after a remount");
+    m.stop();
+}
+
 /// Writes, truncations, fallocate and owner changes on files with set-user-ID and
 /// set-group-ID bits, by an unprivileged user (uid 65534, without
 /// `CAP_FSETID`) and by root; prints each file's mode afterwards.
