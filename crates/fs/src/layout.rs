@@ -124,6 +124,13 @@ impl Keys {
         Some(u64::from_be_bytes(tail.try_into().ok()?))
     }
 
+    /// The record kind (`b'I'`, `b'D'`, ...) of metadata key `key` and
+    /// what follows it; `None` for a key of another file system.
+    pub fn split_meta<'a>(&self, key: &'a [u8]) -> Option<(u8, &'a [u8])> {
+        let rest = key.strip_prefix(&self.tag[..])?;
+        Some((*rest.first()?, &rest[1..]))
+    }
+
     /// The mount lease.
     pub fn lease(&self) -> Vec<u8> {
         self.meta(b'L', &[])
@@ -145,6 +152,21 @@ impl Keys {
         k.extend_from_slice(&be(ino));
         k.extend_from_slice(&be(index));
         k
+    }
+
+    /// `(ino, index)` of a chunk key of this file system.
+    pub fn chunk_of(&self, key: &[u8]) -> Option<(u64, u64)> {
+        let rest = key
+            .strip_prefix(DATA_PREFIX)?
+            .strip_prefix(&be(self.id)[..])?;
+        if rest.len() != 16 {
+            return None;
+        }
+        let (ino, index) = rest.split_at(8);
+        Some((
+            u64::from_be_bytes(ino.try_into().ok()?),
+            u64::from_be_bytes(index.try_into().ok()?),
+        ))
     }
 
     /// The chunk index at the end of a chunk key.
@@ -197,6 +219,13 @@ mod tests {
         assert!(Keys::new(8).chunk(0, 0) >= e);
         assert_eq!(Keys::chunk_index(&k.chunk(3, 42)), Some(42));
         assert_eq!(k.ino_of(&k.orphan(99)), Some(99));
+        assert_eq!(k.chunk_of(&k.chunk(3, 42)), Some((3, 42)));
+        assert_eq!(Keys::new(8).chunk_of(&k.chunk(3, 42)), None);
+        assert_eq!(
+            k.split_meta(&k.dentry(5, b"n")).map(|(c, r)| (c, r.len())),
+            Some((b'D', 9))
+        );
+        assert_eq!(Keys::new(8).split_meta(&k.inode(1)), None);
     }
 
     #[test]

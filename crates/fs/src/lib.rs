@@ -12,6 +12,7 @@
 
 pub mod attrs;
 mod cache;
+pub mod check;
 mod data;
 pub mod error;
 pub mod filesystem;

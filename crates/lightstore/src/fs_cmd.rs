@@ -43,6 +43,16 @@ enum FsAction {
     List,
     /// Show a file system's record and whether it is mounted.
     Info { name: String },
+    /// Check a file system's consistency, read-only (as `e2fsck -n`):
+    /// entries against inodes, link counts, parents, marks; exit status 1
+    /// if anything is wrong. Check an unmounted file system.
+    Check {
+        name: String,
+        /// Also list every data chunk and check it belongs to a file
+        /// (reads a key per chunk).
+        #[arg(long)]
+        data: bool,
+    },
     /// Delete a file system and everything in it.
     Delete {
         name: String,
@@ -132,6 +142,30 @@ pub fn run_fs(args: FsArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             None => return Err(format!("no file system named {name}").into()),
         },
+        FsAction::Check { name, data } => {
+            let Some(r) = registry::open(store, &name)? else {
+                return Err(format!("no file system named {name}").into());
+            };
+            if let Some(h) = fs::lease::live_holder(store, &Keys::new(r.id))? {
+                eprintln!(
+                    "warning: {name} is mounted ({h}): changes in flight may show as problems"
+                );
+            }
+            let report = fs::check::check(store, &r, data)?;
+            for p in &report.problems {
+                println!("problem: {p}");
+            }
+            let chunks = report
+                .chunks
+                .map_or(String::new(), |c| format!(", {c} chunks"));
+            println!(
+                "{name}: {} inodes, {} entries{chunks}, {} pending reclaim, {} leaked chunks, {} problems",
+                report.inodes, report.entries, report.pending, report.leaked, report.problem_count
+            );
+            if !report.is_clean() {
+                return Err(format!("{name} has {} problems", report.problem_count).into());
+            }
+        }
         FsAction::Delete { name, force } => {
             registry::delete(cluster.clone(), &name, force)?;
             println!("deleted {name}");

@@ -536,6 +536,12 @@ fn random_namespace_operations_match_a_local_directory() {
     assert!(!tree.is_empty());
     assert_eq!(run(&s.mnt.join("t"), 0), tree, "after a remount");
     m.stop();
+    let out = lightstore(&["fs", "check", "--data", "--nodes", &s.nodes, "ns"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains(", 0 problems"),
+        "{said}"
+    );
 }
 
 /// Writes, truncations, fallocate and owner changes on files with set-user-ID and
@@ -866,6 +872,9 @@ fn a_node_killed_during_an_unpack_loses_nothing() {
     let m = Mount::start(&nodes, "r", &mnt, &[]);
     tree_equal(&src, &mnt);
     m.stop();
+    let out = lightstore(&["fs", "check", "--data", "--nodes", &nodes, "r"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains(", 0 problems"), "{said}");
 }
 
 #[test]
@@ -1075,6 +1084,15 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
     std::thread::sleep(Duration::from_millis(700));
     m.kill();
     let _ = work.wait();
+    // As the crash left it, before a mount repairs anything: consistent.
+    let out = lightstore(&["fs", "check", "--data", "--nodes", &nodes, "c"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains(", 0 problems"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("fs check after the kill: {}", said.trim());
     let m = Mount::start(&nodes, "c", &mnt, &["--force"]);
     let n = check_tree(&mnt);
     eprintln!("after the kill: {n} entries, consistent");
@@ -1087,4 +1105,10 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
     tree_equal(&src, &mnt.join("again"));
     check_tree(&mnt);
     m.stop();
+    let out = lightstore(&["fs", "check", "--data", "--nodes", &nodes, "c"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("0 pending reclaim") && said.contains(", 0 problems"),
+        "after a clean unmount: {said}"
+    );
 }
