@@ -383,10 +383,13 @@ mod tests {
         assert_eq!(r.leaked, 1);
     }
 
+    /// Breaks the stored file system in one way.
+    type Damage = fn(&MemStore, &Keys, &FileSystem);
+
     #[test]
     fn each_kind_of_damage_is_reported() {
         let keys = |rec: &FsRecord| Keys::new(rec.id);
-        let damage: [(&str, fn(&MemStore, &Keys, &FileSystem)); 7] = [
+        let damage: [(&str, Damage); 7] = [
             ("does not exist", |s, k, fs| {
                 let f = fs
                     .lookup(ROOT, b"d")

@@ -874,7 +874,10 @@ fn a_node_killed_during_an_unpack_loses_nothing() {
     m.stop();
     let out = lightstore(&["fs", "check", "--data", "--nodes", &nodes, "r"]);
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && said.contains(", 0 problems"), "{said}");
+    assert!(
+        out.status.success() && said.contains(", 0 problems"),
+        "{said}"
+    );
 }
 
 #[test]
