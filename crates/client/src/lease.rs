@@ -518,29 +518,13 @@ mod tests {
     #[test]
     fn of_many_simultaneous_takers_exactly_one_wins() {
         for _ in 0..20 {
-            let store = Arc::new(MemStore::new());
-            let start = Arc::new(std::sync::Barrier::new(8));
-            let takers: Vec<_> = (0..8)
-                .map(|i| {
-                    let (store, start) = (store.clone(), start.clone());
-                    std::thread::spawn(move || {
-                        start.wait();
-                        take(
-                            &*store,
-                            b"lease/x",
-                            &format!("o{i}"),
-                            &record_of("t"),
-                            false,
-                        )
-                        .is_ok()
-                    })
-                })
-                .collect();
-            let won = takers
-                .into_iter()
-                .map(|t| t.join().expect("taker"))
-                .filter(|&won| won)
-                .count();
+            let store = MemStore::new();
+            let won = crate::testing::simultaneously(8, |i| {
+                take(&store, b"lease/x", &format!("o{i}"), &record_of("t"), false).is_ok()
+            })
+            .into_iter()
+            .filter(|&won| won)
+            .count();
             assert_eq!(won, 1);
         }
     }

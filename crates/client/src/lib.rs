@@ -25,6 +25,7 @@ mod repair;
 pub mod ring;
 mod status;
 mod store;
+pub mod testing;
 pub mod version;
 
 pub use cluster::Cluster;

@@ -383,6 +383,13 @@ mod tests {
         assert_eq!(r.leaked, 1);
     }
 
+    /// `d/f` of [`populated`].
+    fn file_f(fs: &FileSystem) -> Inode {
+        fs.lookup(ROOT, b"d")
+            .and_then(|d| fs.lookup(d.ino, b"f"))
+            .expect("d/f")
+    }
+
     /// Breaks the stored file system in one way.
     type Damage = fn(&MemStore, &Keys, &FileSystem);
 
@@ -391,30 +398,17 @@ mod tests {
         let keys = |rec: &FsRecord| Keys::new(rec.id);
         let damage: [(&str, Damage); 7] = [
             ("does not exist", |s, k, fs| {
-                let f = fs
-                    .lookup(ROOT, b"d")
-                    .and_then(|d| fs.lookup(d.ino, b"f"))
-                    .expect("f");
+                let f = file_f(fs);
                 s.delete(&k.inode(f.ino)).expect("delete");
             }),
             ("entries name it", |s, k, fs| {
-                let f = fs
-                    .lookup(ROOT, b"d")
-                    .and_then(|d| fs.lookup(d.ino, b"f"))
-                    .expect("f");
-                s.put(
-                    &k.dentry(ROOT, b"extra"),
-                    &crate::inode::encode_dentry(f.ino, Kind::File),
-                )
-                .expect("put");
+                let extra = crate::inode::encode_dentry(file_f(fs).ino, Kind::File);
+                s.put(&k.dentry(ROOT, b"extra"), &extra).expect("put");
             }),
             ("named by 2 entries", |s, k, fs| {
-                let d = fs.lookup(ROOT, b"d").expect("d");
-                s.put(
-                    &k.dentry(ROOT, b"again"),
-                    &crate::inode::encode_dentry(d.ino, Kind::Dir),
-                )
-                .expect("put");
+                let d = fs.lookup(ROOT, b"d").expect("d").ino;
+                let again = crate::inode::encode_dentry(d, Kind::Dir);
+                s.put(&k.dentry(ROOT, b"again"), &again).expect("put");
             }),
             ("link count", |_, _, fs| {
                 let d = fs.lookup(ROOT, b"d").expect("d");
@@ -428,10 +422,7 @@ mod tests {
                     .expect("put");
             }),
             ("past its size", |s, k, fs| {
-                let f = fs
-                    .lookup(ROOT, b"d")
-                    .and_then(|d| fs.lookup(d.ino, b"f"))
-                    .expect("f");
+                let f = file_f(fs);
                 s.put(&k.chunk(f.ino, 50), b"late").expect("put");
             }),
             ("not below the inode counter", |s, k, _| {

@@ -209,6 +209,19 @@ fn mount_on_one_node(fs: &str) -> (OneNode, Mount) {
     )
 }
 
+/// `lightstore fs check --data` of file system `name`, which must find no
+/// problem; its summary line.
+fn fs_check(nodes: &str, name: &str) -> String {
+    let out = lightstore(&["fs", "check", "--data", "--nodes", nodes, name]);
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success() && said.contains(", 0 problems"),
+        "fs check {name}: {said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
+}
+
 /// Runs the Python `script` (saved in `tmp` as `name`) with `dir` as its
 /// argument; its standard output.
 fn python_in(name: &str, script: &str, tmp: &Path, dir: &Path) -> String {
@@ -536,12 +549,7 @@ fn random_namespace_operations_match_a_local_directory() {
     assert!(!tree.is_empty());
     assert_eq!(run(&s.mnt.join("t"), 0), tree, "after a remount");
     m.stop();
-    let out = lightstore(&["fs", "check", "--data", "--nodes", &s.nodes, "ns"]);
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && said.contains(", 0 problems"),
-        "{said}"
-    );
+    fs_check(&s.nodes, "ns");
 }
 
 /// Writes, truncations, fallocate and owner changes on files with set-user-ID and
@@ -872,12 +880,7 @@ fn a_node_killed_during_an_unpack_loses_nothing() {
     let m = Mount::start(&nodes, "r", &mnt, &[]);
     tree_equal(&src, &mnt);
     m.stop();
-    let out = lightstore(&["fs", "check", "--data", "--nodes", &nodes, "r"]);
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && said.contains(", 0 problems"),
-        "{said}"
-    );
+    fs_check(&nodes, "r");
 }
 
 #[test]
@@ -1088,14 +1091,8 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
     m.kill();
     let _ = work.wait();
     // As the crash left it, before a mount repairs anything: consistent.
-    let out = lightstore(&["fs", "check", "--data", "--nodes", &nodes, "c"]);
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && said.contains(", 0 problems"),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("fs check after the kill: {}", said.trim());
+    let said = fs_check(&nodes, "c");
+    eprintln!("fs check after the kill: {said}");
     let m = Mount::start(&nodes, "c", &mnt, &["--force"]);
     let n = check_tree(&mnt);
     eprintln!("after the kill: {n} entries, consistent");
@@ -1108,10 +1105,9 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
     tree_equal(&src, &mnt.join("again"));
     check_tree(&mnt);
     m.stop();
-    let out = lightstore(&["fs", "check", "--data", "--nodes", &nodes, "c"]);
-    let said = String::from_utf8_lossy(&out.stdout);
+    let said = fs_check(&nodes, "c");
     assert!(
-        out.status.success() && said.contains("0 pending reclaim") && said.contains(", 0 problems"),
+        said.contains("0 pending reclaim"),
         "after a clean unmount: {said}"
     );
 }

@@ -304,28 +304,14 @@ mod tests {
     #[test]
     fn of_simultaneous_creates_of_one_name_one_succeeds() {
         for _ in 0..20 {
-            let store = Arc::new(MemStore::new());
-            let start = Arc::new(std::sync::Barrier::new(4));
-            let made: Vec<Result<Volume>> = (0..4)
-                .map(|_| {
-                    let (store, start) = (store.clone(), start.clone());
-                    std::thread::spawn(move || {
-                        start.wait();
-                        create(&*store, "v", 1 << 20, DEFAULT_CHUNK_SIZE)
-                    })
-                })
-                .collect::<Vec<_>>()
-                .into_iter()
-                .map(|t| t.join().expect("creator"))
-                .collect();
-            let ids: Vec<u64> = made
-                .iter()
-                .filter_map(|r| r.as_ref().ok())
-                .map(|v| v.id)
-                .collect();
-            assert_eq!(ids.len(), 1, "{made:?}");
-            let kept = open(&*store, "v").expect("open").expect("created");
-            assert_eq!(kept.id, ids[0], "the record is the winner's");
+            let store = MemStore::new();
+            let made: Vec<Result<Volume>> = client::testing::simultaneously(4, |_| {
+                create(&store, "v", 1 << 20, DEFAULT_CHUNK_SIZE)
+            });
+            let won: Vec<u64> = made.iter().flatten().map(|r| r.id).collect();
+            assert_eq!(won.len(), 1, "{made:?}");
+            let kept = open(&store, "v").expect("open").expect("created");
+            assert_eq!(kept.id, won[0], "the record is the winner's");
         }
     }
 
