@@ -324,6 +324,100 @@ print("ok")
     assert!(stdout(&out).contains("ok"));
 }
 
+/// A seeded random mix of writes (some with FUA), reads, trims, zeroings
+/// (with and without FAST_ZERO), flushes and block-status queries over two
+/// connections, against a byte-array model: every read equals the model,
+/// every extent reported as a hole is zeros in the model, and a fresh
+/// connection reads back the whole model.
+const NBD_MODEL_WORKLOAD: &str = r#"
+import os, random, sys, nbd
+uri, seed, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = random.Random(seed)
+hs = []
+for _ in range(2):
+    h = nbd.NBD()
+    h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+    h.connect_uri(uri)
+    hs.append(h)
+size = hs[0].get_size()
+align = max(hs[0].get_block_size(nbd.SIZE_MINIMUM), 1)
+chunk = hs[0].get_block_size(nbd.SIZE_PREFERRED)
+model = bytearray(size)
+def span():
+    # Mostly near chunk boundaries, sometimes long, always aligned.
+    off = r.randrange(0, size // align) * align
+    ln = r.choice((align, chunk // 2, chunk, 3 * chunk + align, 64 * chunk, 300 * chunk))
+    ln = max(align, min(ln, size - off) // align * align)
+    return off, ln
+counts = {}
+for i in range(n):
+    h = r.choice(hs)
+    op = r.choice(("write", "write", "read", "trim", "zero", "zero_fast", "flush", "status"))
+    off, ln = span()
+    counts[op] = counts.get(op, 0) + 1
+    if op == "write":
+        buf = r.randbytes(ln)
+        h.pwrite(buf, off, nbd.CMD_FLAG_FUA if r.random() < 0.3 else 0)
+        model[off:off + ln] = buf
+    elif op == "read":
+        assert h.pread(ln, off) == bytes(model[off:off + ln]), f"op {i}: read {off}+{ln}"
+    elif op == "trim":
+        h.trim(ln, off)
+        model[off:off + ln] = bytes(ln)  # this server's TRIM reads back zeros
+    elif op in ("zero", "zero_fast"):
+        try:
+            h.zero(ln, off, nbd.CMD_FLAG_FAST_ZERO if op == "zero_fast" else 0)
+            model[off:off + ln] = bytes(ln)
+        except nbd.Error as e:
+            assert op == "zero_fast", f"op {i}: zero failed: {e}"
+    elif op == "flush":
+        h.flush()
+    else:
+        seen = []
+        def cb(meta, offset, entries, err):
+            if meta == nbd.CONTEXT_BASE_ALLOCATION:
+                seen.append((offset, list(entries)))
+        h.block_status(ln, off, cb)
+        for start, entries in seen:
+            at = start
+            for k in range(0, len(entries), 2):
+                length, flags = entries[k], entries[k + 1]
+                if flags & nbd.STATE_HOLE:
+                    assert not any(model[at:at + length]), f"op {i}: a hole at {at}+{length} holds data"
+                at += length
+for h in hs:
+    h.shutdown()
+h = nbd.NBD()
+h.connect_uri(uri)
+step = 4 << 20
+for off in range(0, size, step):
+    assert h.pread(min(step, size - off), off) == bytes(model[off:off + step]), f"final read at {off}"
+h.shutdown()
+print("ok", sorted(counts.items()))
+"#;
+
+#[test]
+fn random_requests_match_a_byte_model() {
+    if !have_tools(&["nbdsh"]) {
+        return;
+    }
+    for (size, extra) in [("32M", &[][..]), ("32M", &["--chunk-size", "64K"][..])] {
+        let s = setup_with(size, extra);
+        let path = s.tmp.path().join("model.py");
+        std::fs::write(&path, NBD_MODEL_WORKLOAD).expect("script");
+        let out = run(
+            "/usr/bin/python3",
+            &[
+                path.to_str().expect("path"),
+                &s.nbd.uri("vol1"),
+                "11",
+                "1200",
+            ],
+        );
+        assert!(stdout(&out).starts_with("ok"), "{}", stdout(&out));
+    }
+}
+
 #[test]
 fn fio_nbd_engine_verifies_sequential_and_random_writes() {
     if !have_tools(&["fio"]) {
