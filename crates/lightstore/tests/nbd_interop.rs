@@ -411,7 +411,7 @@ fn random_requests_match_a_byte_model() {
                 path.to_str().expect("path"),
                 &s.nbd.uri("vol1"),
                 "11",
-                "1200",
+                "700",
             ],
         );
         assert!(stdout(&out).starts_with("ok"), "{}", stdout(&out));
