@@ -200,6 +200,9 @@ pub struct MemStore {
     pub exists_keys: AtomicU64,
     /// Most keys one `write` (or `write_atomic`) call held so far.
     pub largest_write: AtomicU64,
+    /// Writes still allowed before every write fails (a crash or an
+    /// unreachable cluster halfway through a change); `None`: unlimited.
+    writes_left: Mutex<Option<u64>>,
 }
 
 impl MemStore {
@@ -217,6 +220,27 @@ impl MemStore {
     pub fn is_empty(&self) -> bool {
         self.map.lock().is_empty()
     }
+
+    /// From now on, lets `n` more writes through and fails every one after
+    /// them (`None`: none fail again), as a cluster that went away halfway
+    /// through a multi-step change would.
+    pub fn fail_writes_after(&self, n: Option<u64>) {
+        *self.writes_left.lock() = n;
+    }
+
+    /// Counts one write against [`MemStore::fail_writes_after`].
+    fn admit_write(&self) -> Result<()> {
+        match &mut *self.writes_left.lock() {
+            Some(0) => Err(crate::ClientError::Unavailable(
+                "injected: the store refuses writes".into(),
+            )),
+            Some(n) => {
+                *n -= 1;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 impl Store for MemStore {
@@ -232,6 +256,7 @@ impl Store for MemStore {
         Ok(keys.iter().map(|k| map.contains_key(*k)).collect())
     }
     fn write(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        self.admit_write()?;
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.largest_write
             .fetch_max(ops.len() as u64, Ordering::Relaxed);
@@ -261,6 +286,7 @@ impl Store for MemStore {
         expected: u64,
         value: Option<&[u8]>,
     ) -> Result<Option<u64>> {
+        self.admit_write()?;
         let mut map = self.map.lock();
         let mut versions = self.versions.lock();
         if versions.get(key).copied().unwrap_or(0) != expected {

@@ -238,14 +238,20 @@ pub fn resize(store: &Arc<dyn Store>, name: &str, size: u64, force: bool) -> Res
     Ok(vol)
 }
 
-/// Deletes a volume: its record, then its chunks. Refused while an adapter
-/// serves it (its writes would outlive the record), unless `force`.
+/// Deletes a volume: its chunks, then its record, so a delete cut short
+/// (a crash, the cluster gone) leaves the volume listed and can be run
+/// again, instead of chunks that no record names. Refused while an adapter
+/// serves it (its writes would outlive the delete), unless `force`; the
+/// lease held meanwhile keeps adapters from serving it half deleted.
 pub fn delete(store: &Arc<dyn Store>, name: &str, force: bool) -> Result<()> {
     let vol = open(&**store, name)?.ok_or_else(|| NbdError::NoVolume(name.to_string()))?;
     let lease = hold_for_change(store, &vol, force)?;
-    store.delete(&meta_key(name))?;
-    delete_chunks(&**store, vol.id, 0)?;
-    Ok(lease.release()?)
+    let deleted =
+        delete_chunks(&**store, vol.id, 0).and_then(|()| Ok(store.delete(&meta_key(name))?));
+    // Let go whatever happened, so that running it again needs no wait.
+    let released = lease.release();
+    deleted?;
+    Ok(released?)
 }
 
 /// Deletes the chunks of volume `id` from index `from` on, a page of keys
@@ -313,6 +319,36 @@ mod tests {
             let kept = open(&store, "v").expect("open").expect("created");
             assert_eq!(kept.id, won[0], "the record is the winner's");
         }
+    }
+
+    #[test]
+    fn a_delete_cut_short_leaves_the_volume_listed_and_runs_again() {
+        let mem = Arc::new(MemStore::new());
+        let store: Arc<dyn Store> = mem.clone();
+        let v = create(&*store, "v", 16 << 20, DEFAULT_CHUNK_SIZE).expect("create");
+        let chunks: Vec<(Vec<u8>, Vec<u8>)> = (0..3000)
+            .map(|c| (chunk_key(v.id, c), vec![1u8; 64]))
+            .collect();
+        let ops: Vec<client::WriteOp<'_>> =
+            chunks.iter().map(|(k, d)| (&k[..], Some(&d[..]))).collect();
+        store.write(&ops).expect("chunks");
+        // The lease, then one page of chunk deletes; then the cluster goes.
+        mem.fail_writes_after(Some(2));
+        assert!(delete(&store, "v", false).is_err());
+        mem.fail_writes_after(None);
+        assert_eq!(
+            open(&*store, "v").expect("open"),
+            Some(v.clone()),
+            "still listed"
+        );
+        // Its lease could not be released either (the cluster was gone):
+        // force past it rather than wait for it to expire.
+        delete(&store, "v", true).expect("delete again");
+        assert_eq!(open(&*store, "v").expect("open"), None);
+        let left = store
+            .stored_keys(&chunk_key(v.id, 0), &chunk_key(v.id + 1, 0), 10)
+            .expect("list");
+        assert!(left.keys.is_empty(), "{} chunks left", left.keys.len());
     }
 
     #[test]
