@@ -23,6 +23,12 @@
 //!
 //! Run it on an unmounted file system: a mount's changes in flight (its
 //! write-behind queue) may show as problems.
+//!
+//! [`Repair::LeakedChunks`] deletes the leaked chunks as it finds them
+//! (nothing else reclaims them: no record names them). The caller must
+//! hold the mount lease, since a mount's data can be stored before the
+//! inode that names it. Pending work is left to the next mount, which
+//! finishes it when it opens the file system.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -54,6 +60,8 @@ pub struct Report {
     /// Chunks of inodes that do not exist (with `data`): left by a crash
     /// between a file's data and its metadata.
     pub leaked: u64,
+    /// Leaked chunks deleted ([`Repair::LeakedChunks`]).
+    pub repaired: u64,
     /// Problems found, in words (at most [`MAX_LISTED`]).
     pub problems: Vec<String>,
     /// How many problems there were.
@@ -74,6 +82,15 @@ impl Report {
     }
 }
 
+/// What [`check`] may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repair {
+    /// Nothing: read only.
+    Nothing,
+    /// Delete leaked chunks (needs `data`; hold the mount lease).
+    LeakedChunks,
+}
+
 /// The metadata of one file system, as read.
 #[derive(Default)]
 struct Meta {
@@ -88,7 +105,7 @@ struct Meta {
 
 /// Checks file system `rec` in `store` (see the module doc); `data` also
 /// lists every data chunk (keys only), which costs a read per chunk.
-pub fn check(store: &dyn Store, rec: &FsRecord, data: bool) -> Result<Report> {
+pub fn check(store: &dyn Store, rec: &FsRecord, data: bool, repair: Repair) -> Result<Report> {
     let keys = Keys::new(rec.id);
     let mut report = Report::default();
     let meta = read_meta(store, &keys, &mut report)?;
@@ -97,7 +114,7 @@ pub fn check(store: &dyn Store, rec: &FsRecord, data: bool) -> Result<Report> {
     check_links(&meta, &mut report);
     check_marks(&meta, &mut report);
     if data {
-        check_chunks(store, &keys, rec, &meta, &mut report)?;
+        check_chunks(store, &keys, rec, &meta, repair, &mut report)?;
     }
     Ok(report)
 }
@@ -274,6 +291,7 @@ fn check_chunks(
     keys: &Keys,
     rec: &FsRecord,
     meta: &Meta,
+    repair: Repair,
     report: &mut Report,
 ) -> Result<()> {
     let cs = u64::from(rec.chunk_size);
@@ -283,6 +301,7 @@ fn check_chunks(
     loop {
         // Listed and confirmed: a listing alone shows deleted keys too.
         let page = store.stored_keys(&from, &end, PAGE)?;
+        let mut leaked: Vec<&[u8]> = Vec::new();
         for key in &page.keys {
             chunks += 1;
             let Some((ino, index)) = keys.chunk_of(key) else {
@@ -297,11 +316,19 @@ fn check_chunks(
                 Some(i) if index.saturating_mul(cs) >= i.size && !covered => report.problem(
                     format!("chunk {index} of file {ino} lies past its size {}", i.size),
                 ),
-                None if !covered => report.leaked += 1,
+                None if !covered => {
+                    report.leaked += 1;
+                    leaked.push(key);
+                }
                 Some(i) if index.saturating_mul(cs) >= i.size => report.pending += 1,
                 None => report.pending += 1,
                 Some(_) => {}
             }
+        }
+        if repair == Repair::LeakedChunks && !leaked.is_empty() {
+            let ops: Vec<client::WriteOp<'_>> = leaked.iter().map(|k| (*k, None)).collect();
+            store.write(&ops)?;
+            report.repaired += ops.len() as u64;
         }
         let Some(last) = page.full_at else { break };
         from = last.to_vec();
@@ -368,7 +395,7 @@ mod tests {
     #[test]
     fn a_consistent_tree_is_clean_and_an_unlinked_open_file_is_pending() {
         let (store, rec, _fs) = populated();
-        let r = check(&*store, &rec, true).expect("check");
+        let r = check(&*store, &rec, true, Repair::Nothing).expect("check");
         assert!(r.is_clean(), "{:?}", r.problems);
         assert_eq!(r.pending, 1, "the unlinked open file");
         assert_eq!(r.inodes, 6);
@@ -378,9 +405,17 @@ mod tests {
         store
             .put(&Keys::new(rec.id).chunk(999_999, 0), b"no file names it")
             .expect("put");
-        let r = check(&*store, &rec, true).expect("check");
+        let r = check(&*store, &rec, true, Repair::Nothing).expect("check");
         assert!(r.is_clean(), "{:?}", r.problems);
         assert_eq!(r.leaked, 1);
+        let r = check(&*store, &rec, true, Repair::LeakedChunks).expect("repair");
+        assert_eq!((r.leaked, r.repaired), (1, 1));
+        let r = check(&*store, &rec, true, Repair::Nothing).expect("check");
+        assert_eq!(
+            (r.leaked, r.chunks),
+            (0, Some(4)),
+            "the leaked chunk is gone, the rest kept"
+        );
     }
 
     /// `d/f` of [`populated`].
@@ -433,7 +468,7 @@ mod tests {
             let (store, rec, fs) = populated();
             hurt(&store, &keys(&rec), &fs);
             fs.settle().expect("settle");
-            let r = check(&*store, &rec, true).expect("check");
+            let r = check(&*store, &rec, true, Repair::Nothing).expect("check");
             assert!(
                 r.problems.iter().any(|p| p.contains(want)),
                 "{want:?} not in {:?}",

@@ -52,6 +52,14 @@ enum FsAction {
         /// (reads a key per chunk).
         #[arg(long)]
         data: bool,
+        /// Delete the leaked chunks found (implies --data): data that a
+        /// crash left without the file that would have named it. Takes the
+        /// mount lease, so it is refused while the file system is mounted.
+        #[arg(long)]
+        repair: bool,
+        /// With --repair: take the lease of a mount known to be dead.
+        #[arg(long, requires = "repair")]
+        force: bool,
     },
     /// Delete a file system and everything in it.
     Delete {
@@ -142,24 +150,45 @@ pub fn run_fs(args: FsArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             None => return Err(format!("no file system named {name}").into()),
         },
-        FsAction::Check { name, data } => {
+        FsAction::Check {
+            name,
+            data,
+            repair,
+            force,
+        } => {
             let Some(r) = registry::open(store, &name)? else {
                 return Err(format!("no file system named {name}").into());
             };
-            if let Some(h) = fs::lease::live_holder(store, &Keys::new(r.id))? {
-                eprintln!(
-                    "warning: {name} is mounted ({h}): changes in flight may show as problems"
-                );
+            let keys = Keys::new(r.id);
+            let (lease, mode) = if repair {
+                let me = format!("lightstore fs check --repair, pid {}", std::process::id());
+                let lease = fs::lease::acquire(cluster.clone(), &keys, &me, force)?;
+                (Some(lease), fs::check::Repair::LeakedChunks)
+            } else {
+                if let Some(h) = fs::lease::live_holder(store, &keys)? {
+                    eprintln!(
+                        "warning: {name} is mounted ({h}): changes in flight may show as problems"
+                    );
+                }
+                (None, fs::check::Repair::Nothing)
+            };
+            let report = fs::check::check(store, &r, data || repair, mode)?;
+            if let Some(lease) = lease {
+                lease.release()?;
             }
-            let report = fs::check::check(store, &r, data)?;
             for p in &report.problems {
                 println!("problem: {p}");
             }
             let chunks = report
                 .chunks
                 .map_or(String::new(), |c| format!(", {c} chunks"));
+            let repaired = if repair {
+                format!(" ({} deleted)", report.repaired)
+            } else {
+                String::new()
+            };
             println!(
-                "{name}: {} inodes, {} entries{chunks}, {} pending reclaim, {} leaked chunks, {} problems",
+                "{name}: {} inodes, {} entries{chunks}, {} pending reclaim, {} leaked chunks{repaired}, {} problems",
                 report.inodes, report.entries, report.pending, report.leaked, report.problem_count
             );
             if !report.is_clean() {

@@ -1150,6 +1150,17 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
     // As the crash left it, before a mount repairs anything: consistent.
     let said = fs_check(&nodes, "c");
     eprintln!("fs check after the kill: {said}");
+    // Repairing needs the mount lease: refused while the dead mount's
+    // lease lasts, unless forced.
+    let out = lightstore(&["fs", "check", "--repair", "--nodes", &nodes, "c"]);
+    assert!(!out.status.success(), "repair while the lease is held");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mounted elsewhere"));
+    let out = lightstore(&["fs", "check", "--repair", "--force", "--nodes", &nodes, "c"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("deleted)") && said.contains(", 0 problems"),
+        "{said}"
+    );
     let m = Mount::start(&nodes, "c", &mnt, &["--force"]);
     let n = check_tree(&mnt);
     eprintln!("after the kill: {n} entries, consistent");
