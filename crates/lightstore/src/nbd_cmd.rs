@@ -80,6 +80,15 @@ enum VolumeAction {
         #[arg(long)]
         force: bool,
     },
+    /// Check every stored chunk against the volume records (read-only):
+    /// chunks past a volume's end, chunks of no volume (leaked); exit 1
+    /// on problems.
+    Check {
+        /// Delete the leaked chunks (left by deletes cut short in earlier
+        /// builds; nothing else reclaims them).
+        #[arg(long)]
+        repair: bool,
+    },
     /// Delete a volume and its data (refused while an adapter serves it,
     /// unless --force).
     Delete {
@@ -125,6 +134,29 @@ pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
         },
         VolumeAction::Resize { name, size, force } => {
             print_volume(&volume::resize(&shared, &name, size, force)?)
+        }
+        VolumeAction::Check { repair } => {
+            let mode = if repair {
+                nbd::check::Repair::Leaked
+            } else {
+                nbd::check::Repair::Nothing
+            };
+            let r = nbd::check::check(store, mode)?;
+            for p in &r.problems {
+                println!("problem: {p}");
+            }
+            let deleted = if repair {
+                format!(" ({} deleted)", r.repaired)
+            } else {
+                String::new()
+            };
+            println!(
+                "{} volumes, {} chunks, {} leaked{deleted}, {} problems",
+                r.volumes, r.chunks, r.leaked, r.problem_count
+            );
+            if !r.is_clean() {
+                return Err(format!("{} problems", r.problem_count).into());
+            }
         }
         VolumeAction::Delete { name, force } => {
             volume::delete(&shared, &name, force)?;

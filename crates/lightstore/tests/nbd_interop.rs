@@ -12,7 +12,7 @@ use nbd_support::{have_tools, run, stdout, NbdProc};
 use node_support::Node;
 
 struct Setup {
-    _node: Node,
+    node: Node,
     nbd: NbdProc,
     tmp: tempfile::TempDir,
 }
@@ -31,11 +31,7 @@ fn setup_with(size: &str, extra: &[&str]) -> Setup {
         &tmp.path().join("nbd.sock"),
         &flags,
     );
-    Setup {
-        _node: node,
-        nbd,
-        tmp,
-    }
+    Setup { node, nbd, tmp }
 }
 
 #[test]
@@ -261,7 +257,7 @@ print("ok")
     assert_eq!(data.len(), 2, "data at both ends only:\n{map}");
     // Every probe of chunks (VMETA) on the node: a handful per listing,
     // not one per 8 MiB of the volume (131,072).
-    let stats = s._node.cli(&["info", "commandstats"]);
+    let stats = s.node.cli(&["info", "commandstats"]);
     let probes: Option<u64> = stats
         .lines()
         .find_map(|l| l.strip_prefix("cmdstat_vmeta:calls="))
@@ -415,6 +411,17 @@ fn random_requests_match_a_byte_model() {
             ],
         );
         assert!(stdout(&out).starts_with("ok"), "{}", stdout(&out));
+        // Every chunk the requests left belongs to the volume, before its end.
+        let nodes = format!("127.0.0.1:{}", s.node.port);
+        let out = run(
+            env!("CARGO_BIN_EXE_lightstore"),
+            &["volume", "--nodes", &nodes, "check"],
+        );
+        assert!(
+            stdout(&out).contains("0 leaked, 0 problems"),
+            "{}",
+            stdout(&out)
+        );
     }
 }
 
@@ -465,7 +472,7 @@ fn sigterm_stops_cleanly_and_keeps_the_data() {
     );
     assert!(s.nbd.log_text().contains("flushed"), "{}", s.nbd.log_text());
     let again = NbdProc::start(
-        &format!("127.0.0.1:{}", s._node.port),
+        &format!("127.0.0.1:{}", s.node.port),
         &s.tmp.path().join("nbd2.sock"),
         &["--export", "vol1"],
     );
@@ -486,7 +493,7 @@ fn one_adapter_serves_a_volume_at_a_time() {
         return;
     }
     let mut s = setup("16M");
-    let nodes = format!("127.0.0.1:{}", s._node.port);
+    let nodes = format!("127.0.0.1:{}", s.node.port);
     run(
         "qemu-io",
         &["-f", "raw", "-c", "write -P 0x17 0 1M", &s.nbd.uri("vol1")],
@@ -574,7 +581,7 @@ fn a_killed_adapter_restarts_once_its_lease_expires() {
     let _ = s.nbd.child.kill();
     let _ = s.nbd.child.wait();
     let again = NbdProc::start_within(
-        &format!("127.0.0.1:{}", s._node.port),
+        &format!("127.0.0.1:{}", s.node.port),
         &s.tmp.path().join("again.sock"),
         &["--export", "vol1"],
         Duration::from_secs(30),
@@ -636,7 +643,7 @@ time.sleep(30)
     let _ = holder.kill();
     let _ = holder.wait();
     let again = NbdProc::start(
-        &format!("127.0.0.1:{}", s._node.port),
+        &format!("127.0.0.1:{}", s.node.port),
         &s.tmp.path().join("nbd2.sock"),
         &["--export", "vol1"],
     );

@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod blocks;
+pub mod check;
 pub mod error;
 pub mod proto;
 pub mod server;

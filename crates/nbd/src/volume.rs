@@ -91,6 +91,28 @@ pub fn chunk_index(id: u64, key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?))
 }
 
+/// `(volume id, chunk index)` of a chunk key.
+pub fn chunk_of(key: &[u8]) -> Option<(u64, u64)> {
+    let rest = key.strip_prefix(CHUNK_PREFIX)?;
+    if rest.len() != 16 {
+        return None;
+    }
+    let (id, index) = rest.split_at(8);
+    Some((
+        u64::from_be_bytes(id.try_into().ok()?),
+        u64::from_be_bytes(index.try_into().ok()?),
+    ))
+}
+
+/// `[start, end)` of every chunk key of every volume.
+pub fn all_chunks() -> (Vec<u8>, Vec<u8>) {
+    let mut end = CHUNK_PREFIX.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    (CHUNK_PREFIX.to_vec(), end)
+}
+
 fn check_name(name: &str) -> Result<()> {
     client::records::check_name("volume name", name).map_err(NbdError::BadVolume)
 }
