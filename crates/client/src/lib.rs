@@ -16,6 +16,7 @@ mod cluster;
 mod config;
 mod conn;
 mod error;
+pub mod findings;
 mod kv;
 pub mod lease;
 mod range;

@@ -123,17 +123,34 @@ pub trait Store: Send + Sync {
     /// shows but already deleted gets no second tombstone), so memory and
     /// requests stay bounded whatever the range holds.
     fn delete_range(&self, start: &[u8], end: &[u8], page: usize) -> Result<()> {
+        self.sweep(start, end, page, &mut |keys| keys.to_vec())
+            .map(drop)
+    }
+    /// Visits every key that holds a value in `[start, end)`, `page` keys
+    /// at a time ([`Store::stored_keys`]); `pick` returns which keys of a
+    /// page to delete, and they are deleted before the next page is
+    /// listed. Returns how many were deleted.
+    fn sweep(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        page: usize,
+        pick: &mut dyn FnMut(&[Bytes]) -> Vec<Bytes>,
+    ) -> Result<u64> {
         let mut from = start.to_vec();
+        let mut deleted = 0;
         loop {
             let listed = self.stored_keys(&from, end, page)?;
-            if !listed.keys.is_empty() {
-                let ops: Vec<WriteOp<'_>> = listed.keys.iter().map(|k| (&k[..], None)).collect();
+            let doomed = pick(&listed.keys);
+            if !doomed.is_empty() {
+                let ops: Vec<WriteOp<'_>> = doomed.iter().map(|k| (&k[..], None)).collect();
                 self.write(&ops)?;
+                deleted += ops.len() as u64;
             }
             // Pages on from the last key listed: a listing that shows
             // deleted keys again still moves forward.
             let Some(last) = listed.full_at else {
-                return Ok(());
+                return Ok(deleted);
             };
             from = last.to_vec();
             from.push(0);

@@ -32,6 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use bytes::Bytes;
 use client::Store;
 
 use crate::error::Result;
@@ -42,8 +43,6 @@ use crate::registry::FsRecord;
 
 /// Data keys listed per request.
 const PAGE: usize = 1000;
-/// Most problems a report lists (the count is always exact).
-const MAX_LISTED: usize = 100;
 
 /// What [`check`] found.
 #[derive(Debug, Default)]
@@ -62,24 +61,8 @@ pub struct Report {
     pub leaked: u64,
     /// Leaked chunks deleted ([`Repair::LeakedChunks`]).
     pub repaired: u64,
-    /// Problems found, in words (at most [`MAX_LISTED`]).
-    pub problems: Vec<String>,
-    /// How many problems there were.
-    pub problem_count: u64,
-}
-
-impl Report {
-    fn problem(&mut self, what: String) {
-        self.problem_count += 1;
-        if self.problems.len() < MAX_LISTED {
-            self.problems.push(what);
-        }
-    }
-
-    /// Whether nothing is wrong.
-    pub fn is_clean(&self) -> bool {
-        self.problem_count == 0
-    }
+    /// What is wrong.
+    pub findings: client::findings::Findings,
 }
 
 /// What [`check`] may change.
@@ -129,7 +112,9 @@ fn read_meta(store: &dyn Store, keys: &Keys, report: &mut Report) -> Result<Meta
         |page| {
             for (key, value) in page {
                 let Some((kind, rest)) = keys.split_meta(&key) else {
-                    report.problem(format!("unreadable metadata key {key:?}"));
+                    report
+                        .findings
+                        .problem(format!("unreadable metadata key {key:?}"));
                     continue;
                 };
                 let ino = rest
@@ -141,13 +126,13 @@ fn read_meta(store: &dyn Store, keys: &Keys, report: &mut Report) -> Result<Meta
                         Ok(inode) => {
                             meta.inodes.insert(ino, inode);
                         }
-                        Err(e) => report.problem(format!("inode {ino}: {e}")),
+                        Err(e) => report.findings.problem(format!("inode {ino}: {e}")),
                     },
                     (b'D', Some(parent)) => match decode_dentry(&value) {
                         Ok((child, kind)) => {
                             meta.entries.push((parent, rest[8..].to_vec(), child, kind))
                         }
-                        Err(e) => report.problem(format!(
+                        Err(e) => report.findings.problem(format!(
                             "entry {:?} of {parent}: {e}",
                             String::from_utf8_lossy(&rest[8..])
                         )),
@@ -166,11 +151,15 @@ fn read_meta(store: &dyn Store, keys: &Keys, report: &mut Report) -> Result<Meta
                             .ok()
                             .and_then(|t| t.parse().ok());
                         if meta.counter.is_none() {
-                            report.problem("the inode counter is unreadable".into());
+                            report
+                                .findings
+                                .problem("the inode counter is unreadable".into());
                         }
                     }
                     (b'L', _) => {}
-                    _ => report.problem(format!("unknown metadata key {key:?}")),
+                    _ => report
+                        .findings
+                        .problem(format!("unknown metadata key {key:?}")),
                 }
             }
             Ok(())
@@ -192,16 +181,18 @@ fn check_links(meta: &Meta, report: &mut Report) {
         let entry = name(entry);
         match meta.inodes.get(parent) {
             Some(p) if p.kind == Kind::Dir => {}
-            Some(_) => report.problem(format!("entry {entry:?} is in {parent}, not a directory")),
-            None => report.problem(format!(
+            Some(_) => report
+                .findings
+                .problem(format!("entry {entry:?} is in {parent}, not a directory")),
+            None => report.findings.problem(format!(
                 "entry {entry:?} is in {parent}, which does not exist"
             )),
         }
         match meta.inodes.get(child) {
-            None => report.problem(format!(
+            None => report.findings.problem(format!(
                 "entry {entry:?} of {parent} names inode {child}, which does not exist"
             )),
-            Some(i) if i.kind != *kind => report.problem(format!(
+            Some(i) if i.kind != *kind => report.findings.problem(format!(
                 "entry {entry:?} of {parent} says {kind:?}, inode {child} is {:?}",
                 i.kind
             )),
@@ -218,7 +209,7 @@ fn check_links(meta: &Meta, report: &mut Report) {
         if inode.kind == Kind::Dir {
             let want = 2 + subdirs.get(&ino).copied().unwrap_or(0);
             if inode.nlink != want {
-                report.problem(format!(
+                report.findings.problem(format!(
                     "directory {ino} has link count {}, its entries make {want}",
                     inode.nlink
                 ));
@@ -226,16 +217,18 @@ fn check_links(meta: &Meta, report: &mut Report) {
             let parents = dir_parents.get(&ino).map_or(&[][..], |p| &p[..]);
             match (ino == ROOT, parents) {
                 (true, []) if inode.parent == ROOT => {}
-                (true, _) => {
-                    report.problem("the root is named by an entry or has another parent".into())
-                }
+                (true, _) => report
+                    .findings
+                    .problem("the root is named by an entry or has another parent".into()),
                 (false, [p]) if *p == inode.parent => {}
-                (false, [p]) => report.problem(format!(
+                (false, [p]) => report.findings.problem(format!(
                     "directory {ino} is in {p} but records parent {}",
                     inode.parent
                 )),
-                (false, []) => report.problem(format!("directory {ino} is named by no entry")),
-                (false, _) => report.problem(format!(
+                (false, []) => report
+                    .findings
+                    .problem(format!("directory {ino} is named by no entry")),
+                (false, _) => report.findings.problem(format!(
                     "directory {ino} is named by {} entries",
                     parents.len()
                 )),
@@ -243,17 +236,21 @@ fn check_links(meta: &Meta, report: &mut Report) {
         } else if refs == 0 && inode.nlink == 0 && meta.orphans.contains(&ino) {
             report.pending += 1; // unlinked, data still to be reclaimed
         } else if inode.nlink != refs {
-            report.problem(format!(
+            report.findings.problem(format!(
                 "{:?} {ino} has link count {}, {refs} entries name it",
                 inode.kind, inode.nlink
             ));
         }
         if inode.nlink == 0 && !meta.orphans.contains(&ino) && inode.kind != Kind::Dir {
-            report.problem(format!("inode {ino} has no links and no reclaim mark"));
+            report
+                .findings
+                .problem(format!("inode {ino} has no links and no reclaim mark"));
         }
     }
     if !meta.inodes.contains_key(&ROOT) {
-        report.problem("the root directory is missing".into());
+        report
+            .findings
+            .problem("the root directory is missing".into());
     }
 }
 
@@ -261,14 +258,14 @@ fn check_links(meta: &Meta, report: &mut Report) {
 fn check_marks(meta: &Meta, report: &mut Report) {
     if let (Some(counter), Some((&last, _))) = (meta.counter, meta.inodes.last_key_value()) {
         if last >= counter {
-            report.problem(format!(
+            report.findings.problem(format!(
                 "inode {last} is not below the inode counter {counter}"
             ));
         }
     }
     for &ino in &meta.xattr_owners {
         if !meta.inodes.contains_key(&ino) && !meta.orphans.contains(&ino) {
-            report.problem(format!(
+            report.findings.problem(format!(
                 "extended attributes of inode {ino}, which does not exist"
             ));
         }
@@ -280,7 +277,9 @@ fn check_marks(meta: &Meta, report: &mut Report) {
     }
     for &ino in &meta.growing {
         if meta.inodes.get(&ino).is_none_or(|i| i.kind != Kind::File) {
-            report.problem(format!("growth mark of inode {ino}, which is not a file"));
+            report
+                .findings
+                .problem(format!("growth mark of inode {ino}, which is not a file"));
         }
     }
 }
@@ -297,43 +296,44 @@ fn check_chunks(
     let cs = u64::from(rec.chunk_size);
     let (start, end) = keys.all_data();
     let mut chunks = 0u64;
-    let mut from = start;
-    loop {
-        // Listed and confirmed: a listing alone shows deleted keys too.
-        let page = store.stored_keys(&from, &end, PAGE)?;
-        let mut leaked: Vec<&[u8]> = Vec::new();
-        for key in &page.keys {
+    let mut visit = |page: &[Bytes]| {
+        let mut leaked = Vec::new();
+        for key in page {
             chunks += 1;
             let Some((ino, index)) = keys.chunk_of(key) else {
-                report.problem(format!("unreadable data key {key:?}"));
+                report
+                    .findings
+                    .problem(format!("unreadable data key {key:?}"));
                 continue;
             };
             let covered = meta.orphans.contains(&ino) || meta.growing.contains(&ino);
             match meta.inodes.get(&ino) {
-                Some(i) if i.kind != Kind::File => {
-                    report.problem(format!("chunk {index} of {:?} {ino}", i.kind))
+                Some(i) if i.kind != Kind::File => report
+                    .findings
+                    .problem(format!("chunk {index} of {:?} {ino}", i.kind)),
+                Some(i) if index.saturating_mul(cs) >= i.size && !covered => {
+                    report.findings.problem(format!(
+                        "chunk {index} of file {ino} lies past its size {}",
+                        i.size
+                    ))
                 }
-                Some(i) if index.saturating_mul(cs) >= i.size && !covered => report.problem(
-                    format!("chunk {index} of file {ino} lies past its size {}", i.size),
-                ),
                 None if !covered => {
                     report.leaked += 1;
-                    leaked.push(key);
+                    leaked.push(key.clone());
                 }
                 Some(i) if index.saturating_mul(cs) >= i.size => report.pending += 1,
                 None => report.pending += 1,
                 Some(_) => {}
             }
         }
-        if repair == Repair::LeakedChunks && !leaked.is_empty() {
-            let ops: Vec<client::WriteOp<'_>> = leaked.iter().map(|k| (*k, None)).collect();
-            store.write(&ops)?;
-            report.repaired += ops.len() as u64;
+        if repair == Repair::LeakedChunks {
+            leaked
+        } else {
+            Vec::new()
         }
-        let Some(last) = page.full_at else { break };
-        from = last.to_vec();
-        from.push(0);
-    }
+    };
+    // Listed and confirmed: a listing alone shows deleted keys too.
+    report.repaired = store.sweep(&start, &end, PAGE, &mut visit)?;
     report.chunks = Some(chunks);
     Ok(())
 }
@@ -396,7 +396,7 @@ mod tests {
     fn a_consistent_tree_is_clean_and_an_unlinked_open_file_is_pending() {
         let (store, rec, _fs) = populated();
         let r = check(&*store, &rec, true, Repair::Nothing).expect("check");
-        assert!(r.is_clean(), "{:?}", r.problems);
+        assert!(r.findings.is_clean(), "{:?}", r.findings.problems);
         assert_eq!(r.pending, 1, "the unlinked open file");
         assert_eq!(r.inodes, 6);
         assert_eq!(r.entries, 5);
@@ -406,7 +406,7 @@ mod tests {
             .put(&Keys::new(rec.id).chunk(999_999, 0), b"no file names it")
             .expect("put");
         let r = check(&*store, &rec, true, Repair::Nothing).expect("check");
-        assert!(r.is_clean(), "{:?}", r.problems);
+        assert!(r.findings.is_clean(), "{:?}", r.findings.problems);
         assert_eq!(r.leaked, 1);
         let r = check(&*store, &rec, true, Repair::LeakedChunks).expect("repair");
         assert_eq!((r.leaked, r.repaired), (1, 1));
@@ -470,9 +470,9 @@ mod tests {
             fs.settle().expect("settle");
             let r = check(&*store, &rec, true, Repair::Nothing).expect("check");
             assert!(
-                r.problems.iter().any(|p| p.contains(want)),
+                r.findings.problems.iter().any(|p| p.contains(want)),
                 "{want:?} not in {:?}",
-                r.problems
+                r.findings.problems
             );
         }
     }

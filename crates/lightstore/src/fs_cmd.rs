@@ -176,7 +176,7 @@ pub fn run_fs(args: FsArgs) -> Result<(), Box<dyn std::error::Error>> {
             if let Some(lease) = lease {
                 lease.release()?;
             }
-            for p in &report.problems {
+            for p in &report.findings.problems {
                 println!("problem: {p}");
             }
             let chunks = report
@@ -189,10 +189,10 @@ pub fn run_fs(args: FsArgs) -> Result<(), Box<dyn std::error::Error>> {
             };
             println!(
                 "{name}: {} inodes, {} entries{chunks}, {} pending reclaim, {} leaked chunks{repaired}, {} problems",
-                report.inodes, report.entries, report.pending, report.leaked, report.problem_count
+                report.inodes, report.entries, report.pending, report.leaked, report.findings.count
             );
-            if !report.is_clean() {
-                return Err(format!("{name} has {} problems", report.problem_count).into());
+            if !report.findings.is_clean() {
+                return Err(format!("{name} has {} problems", report.findings.count).into());
             }
         }
         FsAction::Delete { name, force } => {

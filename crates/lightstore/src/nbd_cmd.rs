@@ -142,7 +142,7 @@ pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 nbd::check::Repair::Nothing
             };
             let r = nbd::check::check(store, mode)?;
-            for p in &r.problems {
+            for p in &r.findings.problems {
                 println!("problem: {p}");
             }
             let deleted = if repair {
@@ -152,10 +152,10 @@ pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
             };
             println!(
                 "{} volumes, {} chunks, {} leaked{deleted}, {} problems",
-                r.volumes, r.chunks, r.leaked, r.problem_count
+                r.volumes, r.chunks, r.leaked, r.findings.count
             );
-            if !r.is_clean() {
-                return Err(format!("{} problems", r.problem_count).into());
+            if !r.findings.is_clean() {
+                return Err(format!("{} problems", r.findings.count).into());
             }
         }
         VolumeAction::Delete { name, force } => {

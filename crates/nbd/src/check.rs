@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
 use client::Store;
 
 use crate::error::Result;
@@ -19,8 +20,6 @@ use crate::volume::{self, chunk_of, Volume};
 
 /// Keys listed per request.
 const PAGE: usize = 1000;
-/// Most problems a report lists (the count is always exact).
-const MAX_LISTED: usize = 100;
 
 /// What [`check`] may change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,24 +41,8 @@ pub struct Report {
     pub leaked: u64,
     /// Leaked chunks deleted ([`Repair::Leaked`]).
     pub repaired: u64,
-    /// Problems, in words (at most [`MAX_LISTED`]).
-    pub problems: Vec<String>,
-    /// How many problems there were.
-    pub problem_count: u64,
-}
-
-impl Report {
-    fn problem(&mut self, what: String) {
-        self.problem_count += 1;
-        if self.problems.len() < MAX_LISTED {
-            self.problems.push(what);
-        }
-    }
-
-    /// Whether nothing is wrong.
-    pub fn is_clean(&self) -> bool {
-        self.problem_count == 0
-    }
+    /// What is wrong.
+    pub findings: client::findings::Findings,
 }
 
 /// Checks every chunk of every volume in `store` (keys only: one listing
@@ -70,24 +53,25 @@ pub fn check(store: &dyn Store, repair: Repair) -> Result<Report> {
     for v in volume::list(store)? {
         report.volumes += 1;
         if let Some(other) = by_id.insert(v.id, v.clone()) {
-            report.problem(format!(
+            report.findings.problem(format!(
                 "volumes {} and {} share the id {:016x}",
                 other.name, v.name, v.id
             ));
         }
     }
-    let (mut from, end) = volume::all_chunks();
-    loop {
-        let page = store.stored_keys(&from, &end, PAGE)?;
-        let mut leaked: Vec<&[u8]> = Vec::new();
-        for key in &page.keys {
+    let (start, end) = volume::all_chunks();
+    let mut visit = |keys: &[Bytes]| {
+        let mut leaked = Vec::new();
+        for key in keys {
             report.chunks += 1;
             let Some((id, index)) = chunk_of(key) else {
-                report.problem(format!("unreadable chunk key {key:?}"));
+                report
+                    .findings
+                    .problem(format!("unreadable chunk key {key:?}"));
                 continue;
             };
             match by_id.get(&id) {
-                Some(v) if index >= v.chunks() => report.problem(format!(
+                Some(v) if index >= v.chunks() => report.findings.problem(format!(
                     "chunk {index} of volume {} lies past its end ({} chunks)",
                     v.name,
                     v.chunks()
@@ -95,19 +79,18 @@ pub fn check(store: &dyn Store, repair: Repair) -> Result<Report> {
                 Some(_) => {}
                 None => {
                     report.leaked += 1;
-                    leaked.push(key);
+                    leaked.push(key.clone());
                 }
             }
         }
-        if repair == Repair::Leaked && !leaked.is_empty() {
-            let ops: Vec<client::WriteOp<'_>> = leaked.iter().map(|k| (*k, None)).collect();
-            store.write(&ops)?;
-            report.repaired += ops.len() as u64;
+        if repair == Repair::Leaked {
+            leaked
+        } else {
+            Vec::new()
         }
-        let Some(last) = page.full_at else { break };
-        from = last.to_vec();
-        from.push(0);
-    }
+    };
+    let repaired = store.sweep(&start, &end, PAGE, &mut visit)?;
+    report.repaired = repaired;
     Ok(report)
 }
 
@@ -126,7 +109,7 @@ mod tests {
             store.put(&chunk_key(id, index), b"data").expect("put");
         }
         let r = check(&store, Repair::Nothing).expect("check");
-        assert!(r.is_clean(), "{:?}", r.problems);
+        assert!(r.findings.is_clean(), "{:?}", r.findings.problems);
         assert_eq!((r.volumes, r.chunks, r.leaked), (2, 3, 0));
         store
             .put(&chunk_key(v.id, 16), b"past the end")
@@ -138,8 +121,12 @@ mod tests {
             .put(&chunk_key(12345, 9), b"of no volume")
             .expect("put");
         let r = check(&store, Repair::Nothing).expect("check");
-        assert_eq!(r.problem_count, 1, "{:?}", r.problems);
-        assert!(r.problems[0].contains("past its end"), "{:?}", r.problems);
+        assert_eq!(r.findings.count, 1, "{:?}", r.findings.problems);
+        assert!(
+            r.findings.problems[0].contains("past its end"),
+            "{:?}",
+            r.findings.problems
+        );
         assert_eq!(r.leaked, 2);
         let r = check(&store, Repair::Leaked).expect("repair");
         assert_eq!(r.repaired, 2);
