@@ -138,7 +138,7 @@ impl FileSystem {
         let mut at = 0;
         for c in keys
             .iter()
-            .filter_map(|k| crate::layout::Keys::chunk_index(k))
+            .filter_map(|k| self.keys.chunk_of(k).map(|(_, index)| index))
         {
             let a = (c * self.chunk).saturating_sub(from_at).min(total);
             let b = ((c + 1) * self.chunk).saturating_sub(from_at).min(total);

@@ -278,19 +278,6 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(set_time),
-            mtime: mtime.map(set_time),
-            ctime: ctime.map(Time::from_system),
-            // What the kernel asks with FATTR_KILL_SUIDGID (which fuser
-            // does not pass on): always when the owner changes; on a
-            // truncation when the caller lacks CAP_FSETID.
-            drop_set_id: uid.is_some() || gid.is_some() || (size.is_some() && lacks_fsetid(req)),
-        };
         // `chown(f, -1, -1)` reaches us as a change of nothing but (with
         // the write-back cache, for a regular file) ctime: the kernel
         // dropped the owner change it would have made but still expects
@@ -304,8 +291,21 @@ impl Filesystem for FuseFs {
             && atime.is_none()
             && mtime.is_none();
         let set = SetAttr {
-            drop_set_id: set.drop_set_id || chown_to_same,
-            ..set
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime: ctime.map(Time::from_system),
+            // What the kernel asks with FATTR_KILL_SUIDGID (which fuser
+            // does not pass on): always when the owner changes (even to
+            // the same owner, above); on a truncation when the caller
+            // lacks CAP_FSETID.
+            drop_set_id: uid.is_some()
+                || gid.is_some()
+                || chown_to_same
+                || (size.is_some() && lacks_fsetid(req)),
         };
         self.reply_attr("setattr", self.fs.setattr(ino.0, &set), reply);
     }

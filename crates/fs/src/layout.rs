@@ -169,12 +169,6 @@ impl Keys {
         ))
     }
 
-    /// The chunk index at the end of a chunk key.
-    pub fn chunk_index(key: &[u8]) -> Option<u64> {
-        let tail = key.get(key.len().checked_sub(8)?..)?;
-        Some(u64::from_be_bytes(tail.try_into().ok()?))
-    }
-
     /// Chunks `from..` of file `ino`.
     pub fn chunks_from(&self, ino: u64, from: u64) -> (Vec<u8>, Vec<u8>) {
         let end = match ino.checked_add(1) {
@@ -217,7 +211,6 @@ mod tests {
         let (s, e) = k.all_data();
         assert!(s <= k.chunk(0, 0) && k.chunk(u64::MAX, u64::MAX) < e);
         assert!(Keys::new(8).chunk(0, 0) >= e);
-        assert_eq!(Keys::chunk_index(&k.chunk(3, 42)), Some(42));
         assert_eq!(k.ino_of(&k.orphan(99)), Some(99));
         assert_eq!(k.chunk_of(&k.chunk(3, 42)), Some((3, 42)));
         assert_eq!(Keys::new(8).chunk_of(&k.chunk(3, 42)), None);

@@ -172,13 +172,12 @@ pub fn run_fs(args: FsArgs) -> Result<(), Box<dyn std::error::Error>> {
                 }
                 (None, fs::check::Repair::Nothing)
             };
-            let report = fs::check::check(store, &r, data || repair, mode)?;
+            let report = fs::check::check(store, &r, data || repair, mode);
+            // Let go whatever happened, as `volume delete` does.
             if let Some(lease) = lease {
                 lease.release()?;
             }
-            for p in &report.findings.problems {
-                println!("problem: {p}");
-            }
+            let report = report?;
             let chunks = report
                 .chunks
                 .map_or(String::new(), |c| format!(", {c} chunks"));
@@ -187,13 +186,14 @@ pub fn run_fs(args: FsArgs) -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 String::new()
             };
-            println!(
-                "{name}: {} inodes, {} entries{chunks}, {} pending reclaim, {} leaked chunks{repaired}, {} problems",
-                report.inodes, report.entries, report.pending, report.leaked, report.findings.count
-            );
-            if !report.findings.is_clean() {
-                return Err(format!("{name} has {} problems", report.findings.count).into());
-            }
+            crate::print_check(
+                &report.findings,
+                &format!(
+                    "{name}: {} inodes, {} entries{chunks}, {} pending reclaim, {} leaked chunks{repaired}, {} problems",
+                    report.inodes, report.entries, report.pending, report.leaked, report.findings.count
+                ),
+                &format!("{name} has "),
+            )?;
         }
         FsAction::Delete { name, force } => {
             registry::delete(cluster.clone(), &name, force)?;

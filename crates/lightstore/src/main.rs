@@ -87,6 +87,25 @@ fn keep_freed_memory_a_second() {
     }
 }
 
+/// Ends `fs check` and `volume check`: prints each problem, then the
+/// summary line; an error (exit status 1) saying `{failure}N problems` if
+/// there was any.
+pub(crate) fn print_check(
+    findings: &client::findings::Findings,
+    summary: &str,
+    failure: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for p in &findings.problems {
+        println!("problem: {p}");
+    }
+    println!("{summary}");
+    if findings.is_clean() {
+        Ok(())
+    } else {
+        Err(format!("{failure}{} problems", findings.count).into())
+    }
+}
+
 fn main() {
     keep_freed_memory_a_second();
     tracing_subscriber::fmt()

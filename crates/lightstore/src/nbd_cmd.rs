@@ -142,21 +142,19 @@ pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 nbd::check::Repair::Nothing
             };
             let r = nbd::check::check(store, mode)?;
-            for p in &r.findings.problems {
-                println!("problem: {p}");
-            }
             let deleted = if repair {
                 format!(" ({} deleted)", r.repaired)
             } else {
                 String::new()
             };
-            println!(
-                "{} volumes, {} chunks, {} leaked{deleted}, {} problems",
-                r.volumes, r.chunks, r.leaked, r.findings.count
-            );
-            if !r.findings.is_clean() {
-                return Err(format!("{} problems", r.findings.count).into());
-            }
+            crate::print_check(
+                &r.findings,
+                &format!(
+                    "{} volumes, {} chunks, {} leaked{deleted}, {} problems",
+                    r.volumes, r.chunks, r.leaked, r.findings.count
+                ),
+                "",
+            )?;
         }
         VolumeAction::Delete { name, force } => {
             volume::delete(&shared, &name, force)?;

@@ -86,9 +86,9 @@ pub fn chunk_key(id: u64, index: u64) -> Vec<u8> {
 
 /// The index of the chunk of volume `id` that `key` names, if it names one.
 pub fn chunk_index(id: u64, key: &[u8]) -> Option<u64> {
-    let rest = key.strip_prefix(CHUNK_PREFIX)?;
-    let rest = rest.strip_prefix(&id.to_be_bytes()[..])?;
-    Some(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?))
+    chunk_of(key)
+        .filter(|&(of, _)| of == id)
+        .map(|(_, index)| index)
 }
 
 /// `(volume id, chunk index)` of a chunk key.
