@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -18,10 +18,14 @@ use crate::ring::Ring;
 
 /// Idle connections kept per node.
 const MAX_IDLE: usize = 64;
+/// A pooled connection idle this long is checked before use (see
+/// [`Conn::closed_while_idle`]): its node may have restarted meanwhile.
+const CHECK_IDLE_AFTER: Duration = Duration::from_millis(100);
 /// One node of the cluster as this client sees it.
 pub(crate) struct NodeHandle {
     pub(crate) addr: String,
-    pool: Mutex<Vec<Conn>>,
+    /// Idle connections, each with when it was returned.
+    pool: Mutex<Vec<(Conn, Instant)>>,
     up: AtomicBool,
 }
 
@@ -142,10 +146,17 @@ impl Inner {
     /// A pooled connection to node `i`, or a new one (a failure to connect
     /// marks the node down).
     fn checkout(&self, i: usize) -> Result<Conn> {
-        let pooled = self.nodes[i].pool.lock().pop();
-        match pooled {
-            Some(c) => Ok(c),
-            None => self.open(i).inspect_err(|e| self.mark_down(i, e)),
+        loop {
+            let pooled = self.nodes[i].pool.lock().pop();
+            let Some((mut conn, idle_since)) = pooled else {
+                return self.open(i).inspect_err(|e| self.mark_down(i, e));
+            };
+            // A connection to a node that restarted while it sat idle would
+            // fail its first call, and fail it for the caller though the
+            // node is up: it is dropped and the next one taken.
+            if idle_since.elapsed() < CHECK_IDLE_AFTER || !conn.closed_while_idle() {
+                return Ok(conn);
+            }
         }
     }
 
@@ -158,11 +169,11 @@ impl Inner {
                 self.mark_up(i);
                 let mut pool = self.nodes[i].pool.lock();
                 if pool.len() < MAX_IDLE {
-                    pool.push(conn);
+                    pool.push((conn, Instant::now()));
                 }
             }
             Some(e) if e.is_node_failure() => self.mark_down(i, e),
-            Some(_) => self.nodes[i].pool.lock().push(conn),
+            Some(_) => self.nodes[i].pool.lock().push((conn, Instant::now())),
         }
     }
 

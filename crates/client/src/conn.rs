@@ -52,6 +52,19 @@ impl Stream {
         }
     }
 
+    /// A non-blocking read: `Ok(0)` once the peer closed the connection,
+    /// `WouldBlock` while it is open with nothing to read.
+    fn read_now(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let set = |s: &Stream, nonblocking: bool| match s {
+            Stream::Tcp(s) => s.set_nonblocking(nonblocking),
+            Stream::Unix(s) => s.set_nonblocking(nonblocking),
+        };
+        set(self, true)?;
+        let r = self.read(buf);
+        set(self, false)?;
+        r
+    }
+
     /// Writes every byte of `bufs`, in as few system calls as the kernel
     /// allows.
     fn write_all_vectored(&mut self, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
@@ -238,6 +251,15 @@ impl Conn {
             }
         }
         Err(last)
+    }
+
+    /// Whether this idle connection is no use any more: its peer closed it
+    /// (a node that stopped or restarted) or it failed. An idle connection
+    /// has nothing to read, so anything found to read means it is out of
+    /// step, and it counts as broken too (the byte read is lost with it).
+    pub(crate) fn closed_while_idle(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        !matches!(self.stream.read_now(&mut byte), Err(e) if e.kind() == ErrorKind::WouldBlock)
     }
 
     /// Sets the timeout of later calls.

@@ -55,7 +55,19 @@ impl Cluster {
     /// [`ClientError::Config`] says why. Replication, quorum and hints as
     /// for [`Cluster::mset`].
     pub fn write_atomic(&self, ops: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
-        self.inner.write_atomic(ops.to_vec())
+        self.inner.write_atomic(ops.to_vec(), Durable::AsConfigured)
+    }
+
+    /// [`Cluster::write_atomic`], durable on every replica that took it
+    /// when it returns, whatever the nodes' `--durability`: each replica's
+    /// `VBATCH` is followed by `FSYNC` on the same connection. A node that
+    /// dies between the two (and may have lost the batch with its unsynced
+    /// log tail) fails its part of the write, as if it had missed it, so a
+    /// success never rests on a node's word from before a restart. The
+    /// `FSYNC` also makes durable every write the node acknowledged before
+    /// the batch (a file system's data before the metadata naming it).
+    pub fn write_atomic_durable(&self, ops: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
+        self.inner.write_atomic(ops.to_vec(), Durable::Now)
     }
 
     /// Makes every write the nodes acknowledged durable on their devices,
@@ -122,12 +134,16 @@ impl Inner {
     /// Writes `(key, Some(value))` or `(key, None)` (delete) entries at one
     /// new version, atomic per key.
     pub(crate) fn write(&self, entries: Vec<(&[u8], Option<&[u8]>)>) -> Result<()> {
-        self.write_with(entries, false)
+        self.write_with(entries, false, Durable::AsConfigured)
     }
 
     /// Writes entries whose keys share their replicas as one `VBATCH` per
     /// replica: all or nothing on each node.
-    pub(crate) fn write_atomic(&self, entries: Vec<(&[u8], Option<&[u8]>)>) -> Result<()> {
+    pub(crate) fn write_atomic(
+        &self,
+        entries: Vec<(&[u8], Option<&[u8]>)>,
+        durable: Durable,
+    ) -> Result<()> {
         let Some((first, _)) = entries.first() else {
             return Ok(());
         };
@@ -151,10 +167,15 @@ impl Inner {
                 "an atomic batch of {bytes} bytes exceeds one request ({MAX_WRITE_REQUEST} bytes)"
             )));
         }
-        self.write_with(entries, true)
+        self.write_with(entries, true, durable)
     }
 
-    fn write_with(&self, entries: Vec<(&[u8], Option<&[u8]>)>, atomic: bool) -> Result<()> {
+    fn write_with(
+        &self,
+        entries: Vec<(&[u8], Option<&[u8]>)>,
+        atomic: bool,
+        durable: Durable,
+    ) -> Result<()> {
         let version = self.next_version();
         let version_text = version.to_string();
         let mut per_node: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -176,7 +197,13 @@ impl Inner {
         let groups: Vec<Vec<usize>> = per_node.values().cloned().collect();
         let jobs: Vec<(usize, Vec<Vec<&[u8]>>)> = per_node
             .iter()
-            .map(|(&node, idx)| (node, write_requests(&entries, idx, &version_text, atomic)))
+            .map(|(&node, idx)| {
+                let mut reqs = write_requests(&entries, idx, &version_text, atomic);
+                if durable == Durable::Now {
+                    reqs.push(vec![b"FSYNC"]);
+                }
+                (node, reqs)
+            })
             .collect();
         // Every replica's requests go out before any reply is read.
         let results = self
@@ -303,6 +330,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// When a write is durable on the nodes that acknowledge it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Durable {
+    /// As each node's `--durability` says.
+    AsConfigured,
+    /// Before the write returns: `FSYNC` follows it on each connection.
+    Now,
 }
 
 /// One node's requests for its entries `idx` of a write at `version`: one

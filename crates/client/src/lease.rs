@@ -82,6 +82,13 @@ impl Fence {
         !f.expires || since_renewal < (TTL - MARGIN).as_millis() as u64
     }
 
+    /// Whether the lease is gone for good (taken over, or let go), as
+    /// opposed to not holding for now (a renewal is late: its node does
+    /// not answer, and a later renewal may still succeed).
+    pub fn revoked(&self) -> bool {
+        self.0.lost.load(Ordering::Acquire)
+    }
+
     /// From now on it does not hold (the lease was taken over).
     pub fn revoke(&self) {
         self.0.lost.store(true, Ordering::Release);

@@ -51,6 +51,14 @@ pub trait Store: Send + Sync {
     /// on each replica. All keys must share their replicas (one hash tag)
     /// and fit one request, else nothing is written and an error says why.
     fn write_atomic(&self, ops: &[WriteOp<'_>]) -> Result<()>;
+    /// [`Store::write_atomic`], durable on the replicas that took it when
+    /// it returns (with every write they took before it), whatever the
+    /// nodes' durability setting; never acknowledged on the word of a node
+    /// that restarted before the batch was durable.
+    fn write_atomic_durable(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        self.write_atomic(ops)?;
+        self.sync()
+    }
     /// Up to `limit` pairs with `start <= key < end` (empty `end`: no
     /// bound), in key order.
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>>;
@@ -169,7 +177,10 @@ impl Store for Cluster {
         self.inner.write(ops.to_vec())
     }
     fn write_atomic(&self, ops: &[WriteOp<'_>]) -> Result<()> {
-        self.inner.write_atomic(ops.to_vec())
+        Cluster::write_atomic(self, ops)
+    }
+    fn write_atomic_durable(&self, ops: &[WriteOp<'_>]) -> Result<()> {
+        Cluster::write_atomic_durable(self, ops)
     }
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Bytes, Bytes)>> {
         Cluster::range(self, start, end, limit)

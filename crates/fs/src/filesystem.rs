@@ -24,7 +24,7 @@ use crate::error::{posix, FsError, Result};
 use crate::inode::Inode;
 use crate::layout::Keys;
 use crate::registry::FsRecord;
-use crate::writebehind::{write_ops, Change, WriteBehind};
+use crate::writebehind::{write_ops, Change, Permit, WriteBehind};
 
 /// How long the background reclaimer lets unlinked files gather after the
 /// first, and most it reclaims in one go.
@@ -157,7 +157,7 @@ impl<'a> Txn<'a> {
                 wb.push(ops);
                 Ok(())
             }
-            None => self.fs.store.write_atomic(&write_ops(&ops)),
+            None => self.fs.store.write_atomic_durable(&write_ops(&ops)),
         };
         let mut cache = self.fs.cache.lock();
         match result {
@@ -263,7 +263,7 @@ impl FileSystem {
         let fs = self.clone();
         std::thread::Builder::new()
             .name("fs-write-behind".into())
-            .spawn(move || wb.run(&*fs.store.clone(), || fs.writable().is_ok()))
+            .spawn(move || wb.run(&*fs.store.clone(), || fs.write_permit()))
     }
 
     /// Writes what is queued and stops the write-behind thread; later
@@ -303,6 +303,18 @@ impl FileSystem {
     /// not hold they fail with EROFS.
     pub fn fence_with(&self, fence: client::lease::Fence) {
         *self.fence.lock() = Some(fence);
+    }
+
+    /// Whether the write-behind may write queued changes now: while a
+    /// lease renewal is only late they wait (they were acknowledged, and
+    /// dropping them would leave the store behind the caches the mount
+    /// goes on serving); once the lease is taken over, never.
+    pub(crate) fn write_permit(&self) -> Permit {
+        match &*self.fence.lock() {
+            Some(f) if f.revoked() => Permit::Never,
+            Some(f) if !f.holds() => Permit::Wait,
+            _ => Permit::Write,
+        }
     }
 
     /// EROFS unless this mount may write.

@@ -108,6 +108,9 @@ pub fn create(store: &dyn Store, name: &str, chunk_size: u32) -> Result<FsRecord
             "file system {name} was created elsewhere at the same moment"
         )));
     }
+    // Durable before it is reported made, whatever the nodes' durability:
+    // a node that crashed just after would otherwise forget it.
+    store.sync()?;
     Ok(rec)
 }
 

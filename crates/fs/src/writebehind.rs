@@ -6,9 +6,19 @@
 //! unmount wait for the queue ([`WriteBehind::settle`]), and so does every
 //! read of metadata from the store, so nothing reads around the queue.
 //!
+//! Each batch is written durably (`Store::write_atomic_durable`: the
+//! replicas sync it before they answer, whatever their `--durability`).
+//! Otherwise a node that crashed and came back could lose a batch it had
+//! acknowledged while the mount, which keeps serving from its caches, went
+//! on writing changes that rest on it: a directory's link count counting a
+//! subdirectory whose entry was lost. The cost is one device sync per
+//! batch, and batches gather many changes.
+//!
 //! A batch that fails is retried until it lands; meanwhile waiters get the
 //! error (EIO for `fsync`), and the caches keep serving what was
-//! acknowledged.
+//! acknowledged. A waiter that arrives while batches are failing has the
+//! writer try again at once and fails only if that try fails too, so the
+//! mount answers as soon as its nodes are back, not after the backoff.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -19,6 +29,19 @@ use client::Store;
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{FsError, Result};
+
+/// Whether the writer may write now (the mount's lease, see
+/// `FileSystem::write_permit`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Permit {
+    Write,
+    /// Not now (a lease renewal is late): the changes wait, unwritten and
+    /// kept, and the writer asks again.
+    Wait,
+    /// Never (the lease was taken over): the changes are dropped, not
+    /// written next to the new owner's.
+    Never,
+}
 
 /// One change: its keys' new values (`None`: delete), applied together.
 pub(crate) type Change = Vec<(Vec<u8>, Option<Vec<u8>>)>;
@@ -49,6 +72,14 @@ struct State {
     written: u64,
     /// Why the last batch failed, until one succeeds.
     failing: Option<String>,
+    /// Failed attempts so far (a waiter fails on one that follows its
+    /// arrival).
+    failed_attempts: u64,
+    /// A waiter asks the failing writer to try again now.
+    retry_now: bool,
+    /// The mount lost its lease: queued changes were dropped, and every
+    /// waiter fails.
+    lease_lost: bool,
     /// The keys of the changes queued or being written, each with how many
     /// of those changes touch it: a read of other keys need not wait.
     pending: BTreeMap<Vec<u8>, u32>,
@@ -95,10 +126,13 @@ impl WriteBehind {
     pub(crate) fn settle(&self) -> Result<()> {
         let mut s = self.state.lock();
         let target = s.queued;
+        let seen = s.failed_attempts;
         s.waiting += 1;
+        s.retry_now = s.failing.is_some();
         self.work.notify_one();
         let outcome = loop {
-            if let Some(why) = &s.failing {
+            let failed = s.lease_lost || s.failed_attempts > seen;
+            if let Some(why) = s.failing.as_ref().filter(|_| failed) {
                 break Err(FsError::Refused(format!("metadata not yet written: {why}")).into_io());
             }
             if s.written >= target {
@@ -140,10 +174,11 @@ impl WriteBehind {
     }
 
     /// Writes queued changes until [`WriteBehind::stop`] (after which it
-    /// drains the queue and returns). While `may_write` says no (the mount
-    /// lost its lease) queued changes are dropped, not written next to the
+    /// drains the queue and returns). While `may_write` says wait, changes
+    /// wait; once it says never (the mount lost its lease) queued changes
+    /// are dropped, not written next to the
     /// new owner's.
-    pub(crate) fn run(&self, store: &dyn Store, may_write: impl Fn() -> bool) {
+    pub(crate) fn run(&self, store: &dyn Store, may_write: impl Fn() -> Permit) {
         loop {
             let (changes, upto) = {
                 let mut s = self.state.lock();
@@ -169,21 +204,35 @@ impl WriteBehind {
             for batch in batches(changes) {
                 let mut delay = Duration::from_millis(50);
                 loop {
-                    if !may_write() {
-                        tracing::error!(
-                            changes = batch.len(),
-                            "the mount lost its lease: dropping metadata changes not yet written"
-                        );
-                        dropped = true;
-                        break;
-                    }
-                    match store.write_atomic(&write_ops(&batch)) {
+                    let outcome = match may_write() {
+                        Permit::Never => {
+                            tracing::error!(
+                                changes = batch.len(),
+                                "the mount lost its lease: dropping metadata changes not yet written"
+                            );
+                            dropped = true;
+                            break;
+                        }
+                        Permit::Wait => Err(
+                            "the mount's lease is not confirmed (its nodes do not answer)"
+                                .to_string(),
+                        ),
+                        Permit::Write => store
+                            .write_atomic_durable(&write_ops(&batch))
+                            .map_err(|e| e.to_string()),
+                    };
+                    match outcome {
                         Ok(()) => break,
                         Err(e) => {
                             tracing::error!(error = %e, "cannot write metadata changes; retrying");
-                            self.state.lock().failing = Some(e.to_string());
+                            let mut s = self.state.lock();
+                            s.failing = Some(e);
+                            s.failed_attempts += 1;
                             self.progress.notify_all();
-                            std::thread::sleep(delay);
+                            if !s.retry_now {
+                                self.work.wait_for(&mut s, delay);
+                            }
+                            s.retry_now = false;
                             delay = (delay * 2).min(Duration::from_secs(2));
                         }
                     }
@@ -199,8 +248,10 @@ impl WriteBehind {
                 }
             }
             s.written = upto;
-            s.failing =
-                dropped.then(|| "the mount lost its lease; changes were dropped".to_string());
+            s.lease_lost |= dropped;
+            s.failing = s
+                .lease_lost
+                .then(|| "the mount lost its lease; changes were dropped".to_string());
             self.progress.notify_all();
         }
     }
@@ -294,7 +345,7 @@ mod tests {
         );
         let store = Arc::new(MemStore::new());
         let (w, st) = (wb.clone(), store.clone());
-        let writer = std::thread::spawn(move || w.run(&*st, || true));
+        let writer = std::thread::spawn(move || w.run(&*st, || Permit::Write));
         for _ in 0..2 {
             assert_eq!(done.recv_timeout(Duration::from_secs(5)), Ok(true));
         }
@@ -308,7 +359,7 @@ mod tests {
         let wb = WriteBehind::new();
         let store = Arc::new(MemStore::new());
         let (w, st) = (wb.clone(), store.clone());
-        let writer = std::thread::spawn(move || w.run(&*st, || true));
+        let writer = std::thread::spawn(move || w.run(&*st, || Permit::Write));
         for i in 0..20u32 {
             wb.push(vec![(i.to_be_bytes().to_vec(), Some(vec![1]))]);
             std::thread::sleep(Duration::from_micros(200));
@@ -321,6 +372,68 @@ mod tests {
             "{batches} batches for a 4 ms burst of 20 changes"
         );
         assert_eq!(store.len(), 20);
+        wb.stop();
+        writer.join().expect("writer");
+    }
+
+    #[test]
+    fn a_waiter_has_a_failing_writer_try_again_at_once() {
+        let wb = WriteBehind::new();
+        let store = Arc::new(MemStore::new());
+        store.fail_writes_after(Some(0));
+        let (w, st) = (wb.clone(), store.clone());
+        let writer = std::thread::spawn(move || w.run(&*st, || Permit::Write));
+        wb.push(vec![(b"k".to_vec(), Some(b"v".to_vec()))]);
+        // Failed tries back off: 50, 100, 200, 400 ms, then 800 ms.
+        std::thread::sleep(Duration::from_millis(900));
+        assert!(wb.state.lock().failed_attempts >= 3);
+        store.fail_writes_after(None);
+        let began = std::time::Instant::now();
+        wb.settle()
+            .expect("written by the try the waiter asked for");
+        assert!(
+            began.elapsed() < Duration::from_millis(400),
+            "waited {:?}: for the backoff, not a try at once",
+            began.elapsed()
+        );
+        assert_eq!(store.get(b"k").ok().flatten().as_deref(), Some(&b"v"[..]));
+        // While the store keeps failing, a waiter gets the error of the
+        // try it asked for.
+        store.fail_writes_after(Some(0));
+        wb.push(vec![(b"k".to_vec(), None)]);
+        assert!(wb.settle().is_err());
+        wb.stop();
+        store.fail_writes_after(None);
+        writer.join().expect("writer");
+    }
+
+    #[test]
+    fn changes_wait_while_the_lease_is_late_and_are_dropped_once_it_is_lost() {
+        use std::sync::atomic::AtomicU8;
+        let permit = Arc::new(AtomicU8::new(1));
+        let wb = WriteBehind::new();
+        let store = Arc::new(MemStore::new());
+        let (w, st, p) = (wb.clone(), store.clone(), permit.clone());
+        let writer = std::thread::spawn(move || {
+            w.run(&*st, || match p.load(Ordering::Relaxed) {
+                0 => Permit::Write,
+                1 => Permit::Wait,
+                _ => Permit::Never,
+            })
+        });
+        wb.push(vec![(b"a".to_vec(), Some(b"1".to_vec()))]);
+        assert!(wb.settle().is_err(), "fsync fails while the lease is late");
+        assert_eq!(store.len(), 0);
+        // A renewal succeeds: the change was kept and lands.
+        permit.store(0, Ordering::Relaxed);
+        wb.settle().expect("written once the lease is confirmed");
+        assert_eq!(store.get(b"a").ok().flatten().as_deref(), Some(&b"1"[..]));
+        // Taken over: dropped, and every later wait fails.
+        permit.store(2, Ordering::Relaxed);
+        wb.push(vec![(b"b".to_vec(), Some(b"2".to_vec()))]);
+        assert!(wb.settle().is_err());
+        assert!(wb.settle().is_err(), "for good");
+        assert_eq!(store.get(b"b").ok().flatten(), None);
         wb.stop();
         writer.join().expect("writer");
     }

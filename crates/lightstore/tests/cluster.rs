@@ -537,6 +537,67 @@ fn atomic_batches_land_whole_on_every_replica() {
     assert!(err.to_string().contains("SET or DEL"), "{err}");
 }
 
+/// `FSYNC` calls node `i` has served.
+fn fsyncs(c: &Cluster, i: usize) -> u64 {
+    let Reply::Bulk(info) = c
+        .call_node(i, &[&b"INFO"[..], b"commandstats"])
+        .expect("INFO")
+    else {
+        panic!("INFO is not a bulk string");
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fsync:calls="))
+        .and_then(|l| l.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `write_atomic_durable` is followed by `FSYNC` on each replica it wrote
+/// (and on no other node); under `interval` durability a batch it
+/// acknowledged survives a SIGKILL of the node at once. And a client whose
+/// pooled connections died with that node has its first call after the
+/// restart served: the stale connections are not handed to it.
+#[test]
+fn durable_batches_survive_a_kill_and_stale_connections_are_dropped() {
+    let mut tc = TestCluster::start_with(3, &["--durability", "interval"]);
+    let c = tc.client();
+    let before: Vec<u64> = (0..3).map(|i| fsyncs(&c, i)).collect();
+    c.write_atomic_durable(&[(b"{d}a", Some(&b"1"[..])), (b"{d}b", Some(b"2"))])
+        .expect("durable batch");
+    let replicas = c.replicas_of(b"{d}a");
+    for (i, before) in before.into_iter().enumerate() {
+        let added = fsyncs(&c, i) - before;
+        let want = u64::from(replicas.contains(&i));
+        assert_eq!(
+            added, want,
+            "FSYNC calls on node {i} (replicas {replicas:?})"
+        );
+    }
+    // Only the node holding the batch alone: a 1-replica client.
+    let mut cfg = ClusterConfig::new(vec![tc.addrs[replicas[0]].clone()]);
+    cfg.timeout_ms = 3000;
+    cfg.retry_interval_ms = 100;
+    let lone = Cluster::connect(cfg).expect("client");
+    lone.write_atomic_durable(&[(b"{e}x", Some(&b"kept"[..]))])
+        .expect("durable batch");
+    // Pooled connections to fill: several calls at once.
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| lone.get(b"{e}x").expect("get"));
+        }
+    });
+    tc.kill(replicas[0]);
+    tc.restart(replicas[0]);
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(
+        lone.get(b"{e}x")
+            .expect("the first call after the restart")
+            .as_deref(),
+        Some(&b"kept"[..]),
+        "a durable batch survives SIGKILL under interval durability"
+    );
+}
+
 /// Compare-and-set on real nodes: `VCAS` writes only over the version it
 /// expects (absent = 0), atomically per node; through the client, of
 /// writers racing from one version at most one wins on every replica, a

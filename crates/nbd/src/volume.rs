@@ -193,6 +193,9 @@ pub fn create(store: &dyn Store, name: &str, size: u64, chunk_size: u32) -> Resu
             "volume {name} was created elsewhere at the same moment"
         )));
     }
+    // Durable before it is reported made, whatever the nodes' durability:
+    // a node that crashed just after would otherwise forget it.
+    store.sync()?;
     Ok(vol)
 }
 

@@ -1,6 +1,6 @@
 //! A local cluster of real `lightstore node` processes on fixed ports (so a
 //! node keeps its address across restarts), each with its own directory,
-//! `--durability sync`; nodes are killed with SIGKILL when dropped.
+//! `--durability sync` unless told otherwise; nodes are killed with SIGKILL when dropped.
 
 use std::path::PathBuf;
 
@@ -14,7 +14,8 @@ pub struct TestCluster {
     pub dirs: Vec<PathBuf>,
     pub addrs: Vec<String>,
     pub nodes: Vec<Option<Node>>,
-    /// Flags every node gets besides `--durability sync`.
+    /// Flags every node gets besides `--durability sync` (which a
+    /// `--durability` among them replaces).
     extra: Vec<String>,
 }
 
@@ -73,7 +74,12 @@ impl TestCluster {
 
     fn try_start(&self, i: usize) -> Result<Node, (Option<i32>, String)> {
         std::fs::create_dir_all(&self.dirs[i]).expect("node dir");
-        let mut flags = vec!["--durability", "sync"];
+        // `--durability sync` unless the extra flags choose one.
+        let mut flags = if self.extra.iter().any(|f| f == "--durability") {
+            vec![]
+        } else {
+            vec!["--durability", "sync"]
+        };
         flags.extend(self.extra.iter().map(String::as_str));
         Node::start_at(&self.dirs[i], &self.addrs[i], &flags)
     }
