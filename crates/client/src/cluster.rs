@@ -16,16 +16,21 @@ use crate::conn::Conn;
 use crate::error::{ClientError, Result};
 use crate::ring::Ring;
 
+/// A node's replies with the run of the node that sent them (`runs.rs`).
+pub(crate) type RunReplies = (u64, Vec<Reply>);
+
 /// Idle connections kept per node.
 const MAX_IDLE: usize = 64;
 /// A pooled connection idle this long is checked before use (see
 /// [`Conn::closed_while_idle`]): its node may have restarted meanwhile.
-const CHECK_IDLE_AFTER: Duration = Duration::from_millis(100);
+const CHECK_IDLE_AFTER: Duration = Duration::from_millis(10);
 /// One node of the cluster as this client sees it.
 pub(crate) struct NodeHandle {
     pub(crate) addr: String,
     /// Idle connections, each with when it was returned.
     pool: Mutex<Vec<(Conn, Instant)>>,
+    /// The node's runs as this client saw them (`runs.rs`).
+    pub(crate) runs: Mutex<crate::runs::RunLedger>,
     up: AtomicBool,
 }
 
@@ -61,6 +66,7 @@ impl Cluster {
             .map(|addr| NodeHandle {
                 addr: addr.clone(),
                 pool: Mutex::new(Vec::new()),
+                runs: Mutex::new(Default::default()),
                 up: AtomicBool::new(true),
             })
             .collect();
@@ -189,6 +195,18 @@ impl Inner {
         &self,
         jobs: &[(usize, Vec<R>)],
     ) -> Vec<(usize, Result<Vec<Reply>>)> {
+        self.pipeline_all_runs(jobs)
+            .into_iter()
+            .map(|(node, r)| (node, r.map(|(_, replies)| replies)))
+            .collect()
+    }
+
+    /// [`Inner::pipeline_all`], each node's replies with the run of the
+    /// node that sent them (`runs.rs`).
+    pub(crate) fn pipeline_all_runs<R: AsRef<[A]>, A: AsRef<[u8]>>(
+        &self,
+        jobs: &[(usize, Vec<R>)],
+    ) -> Vec<(usize, Result<RunReplies>)> {
         let sent: Vec<Result<Conn>> = jobs
             .iter()
             .map(|(node, reqs)| {
@@ -206,9 +224,10 @@ impl Inner {
             .zip(sent)
             .map(|((node, reqs), conn)| {
                 let replies = conn.and_then(|mut c| {
+                    let run = c.run;
                     let r = c.receive(reqs.len());
                     self.checkin(*node, c, r.as_ref().err());
-                    r
+                    r.map(|replies| (run, replies))
                 });
                 (*node, replies)
             })
@@ -221,17 +240,30 @@ impl Inner {
         &self,
         jobs: &[(usize, Vec<R>)],
     ) -> Vec<(usize, Result<Vec<Reply>>)> {
-        self.pipeline_all(jobs)
+        self.pipeline_all_checked_runs(jobs)
+            .into_iter()
+            .map(|(node, r)| (node, r.map(|(_, replies)| replies)))
+            .collect()
+    }
+
+    /// [`Inner::pipeline_all_checked`] with each node's run, as
+    /// [`Inner::pipeline_all_runs`].
+    pub(crate) fn pipeline_all_checked_runs<R: AsRef<[A]>, A: AsRef<[u8]>>(
+        &self,
+        jobs: &[(usize, Vec<R>)],
+    ) -> Vec<(usize, Result<RunReplies>)> {
+        self.pipeline_all_runs(jobs)
             .into_iter()
             .map(|(node, r)| {
-                let checked = r.and_then(|replies| {
+                let checked = r.and_then(|(run, replies)| {
                     replies
                         .into_iter()
                         .map(|reply| match reply {
                             Reply::Error(message) => Err(self.server_error(node, message)),
                             other => Ok(other),
                         })
-                        .collect()
+                        .collect::<Result<Vec<_>>>()
+                        .map(|replies| (run, replies))
                 });
                 (node, checked)
             })
@@ -254,6 +286,21 @@ impl Inner {
         )?;
         // A connection is used with the call timeout from here on.
         c.set_timeout(self.config.timeout());
+        // Which run of the node it reaches, before any use (`runs.rs`); a
+        // node that does not know RUNID is not tracked.
+        match c.call(&[&b"RUNID"[..]]) {
+            Ok(Reply::Array(ids)) => {
+                if let [Reply::Integer(run), Reply::Integer(safe)] = ids[..] {
+                    c.run = u64::try_from(run).unwrap_or(0);
+                    self.nodes[i]
+                        .runs
+                        .lock()
+                        .connected(c.run, u64::try_from(safe).unwrap_or(0));
+                }
+            }
+            Err(e) if e.is_node_failure() => return Err(e),
+            _ => {}
+        }
         Ok(c)
     }
 

@@ -171,6 +171,8 @@ pub struct Conn {
     /// must (see [`Conn::bound_read`]).
     read_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
+    /// The node's run this connection talks to (`RUNID`; 0: unknown).
+    pub(crate) run: u64,
 }
 
 /// A read's socket timeout is the time left to the call's deadline rounded
@@ -226,6 +228,7 @@ impl Conn {
             scan: ReplyScan::new(),
             read_timeout: None,
             write_timeout: None,
+            run: 0,
         };
         if let Some(pw) = password {
             conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;

@@ -61,6 +61,16 @@ pub enum ClientError {
         /// The last replica error.
         last: Box<ClientError>,
     },
+    /// A node restarted without a clean stop after it acknowledged writes
+    /// that were not yet durable and that no other replica took (see
+    /// `runs.rs`): they may be lost. Reported once, by the next sync.
+    #[error("node {node}: {why}")]
+    LostWrites {
+        /// The node's address.
+        node: String,
+        /// What it acknowledged, and which runs.
+        why: String,
+    },
     /// Every replica of a key (or too many nodes for a range) is down.
     #[error("unavailable: {0}")]
     Unavailable(String),

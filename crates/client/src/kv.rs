@@ -9,6 +9,7 @@ use protocol::versioned::Versioned;
 
 use crate::cluster::{Cluster, Inner};
 use crate::error::{ClientError, Result};
+use crate::runs::SyncMark;
 
 /// Most key, version and value bytes in one VSET request; a larger batch
 /// goes to a node as several pipelined VSETs (each pair stays atomic).
@@ -72,29 +73,46 @@ impl Cluster {
 
     /// Makes every write the nodes acknowledged durable on their devices,
     /// whatever each node's `--durability`: `FSYNC` on every node that is
-    /// up, in parallel. Nodes known to be down are skipped (the writes they
-    /// took are also on replicas this syncs); a node that is up and fails
-    /// to sync fails the call, so success means every acknowledged write is
-    /// durable on at least one replica and on every replica that is up.
+    /// up, in parallel, and on every node marked down that alone took
+    /// writes not yet synced (if it does not answer, those writes cannot
+    /// be vouched for). Other nodes known to be down are skipped (the
+    /// writes they took are also on replicas this syncs). A node that fails
+    /// to sync fails the call, and so does one that restarted without a
+    /// clean stop after it alone acknowledged writes not yet synced
+    /// ([`ClientError::LostWrites`], once; see `runs.rs`). So success means
+    /// every acknowledged write is durable on at least one replica and on
+    /// every replica that is up.
     pub fn sync(&self) -> Result<()> {
         let inner = &*self.inner;
-        let jobs: Vec<(usize, ())> = (0..inner.nodes.len())
-            .filter(|&i| inner.is_up(i))
-            .map(|i| (i, ()))
+        let nodes: Vec<usize> = (0..inner.nodes.len())
+            .filter(|&i| inner.is_up(i) || inner.nodes[i].runs.lock().unsynced() > 0)
             .collect();
-        if jobs.is_empty() {
+        if nodes.is_empty() {
             return Err(ClientError::Unavailable(
                 "no node is up to make writes durable".into(),
             ));
         }
-        let reqs: Vec<(usize, Vec<[&[u8]; 1]>)> = jobs
+        let marks: Vec<_> = nodes
             .iter()
-            .map(|&(node, ())| (node, vec![[&b"FSYNC"[..]]]))
+            .map(|&i| inner.nodes[i].runs.lock().mark())
             .collect();
-        inner
-            .pipeline_all_checked(&reqs)
-            .into_iter()
-            .try_for_each(|(_, r)| r.map(drop))
+        let reqs: Vec<(usize, Vec<[&[u8]; 1]>)> = nodes
+            .iter()
+            .map(|&node| (node, vec![[&b"FSYNC"[..]]]))
+            .collect();
+        let results = inner.pipeline_all_checked_runs(&reqs);
+        for ((node, r), mark) in results.into_iter().zip(marks) {
+            let (run, _) = r?;
+            let mut runs = inner.nodes[node].runs.lock();
+            runs.synced(mark, run);
+            if let Some(why) = runs.take_lost() {
+                return Err(ClientError::LostWrites {
+                    node: inner.nodes[node].addr.clone(),
+                    why,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Reads `key` (see [`Cluster::mget`]).
@@ -195,6 +213,14 @@ impl Inner {
             }
         }
         let groups: Vec<Vec<usize>> = per_node.values().cloned().collect();
+        // Where the FSYNC after a durable write starts, per node.
+        let marks: BTreeMap<usize, SyncMark> = match durable {
+            Durable::Now => per_node
+                .keys()
+                .map(|&n| (n, self.nodes[n].runs.lock().mark()))
+                .collect(),
+            Durable::AsConfigured => BTreeMap::new(),
+        };
         let jobs: Vec<(usize, Vec<Vec<&[u8]>>)> = per_node
             .iter()
             .map(|(&node, idx)| {
@@ -206,10 +232,15 @@ impl Inner {
             })
             .collect();
         // Every replica's requests go out before any reply is read.
-        let results = self
-            .pipeline_all_checked(&jobs)
+        let results: Vec<(usize, Result<u64>)> = self
+            .pipeline_all_checked_runs(&jobs)
             .into_iter()
-            .map(|(node, r)| (node, r.map(drop)));
+            .map(|(node, r)| (node, r.map(|(run, _)| run)))
+            .collect();
+        let runs: BTreeMap<usize, u64> = results
+            .iter()
+            .filter_map(|(node, r)| Some((*node, *r.as_ref().ok()?)))
+            .collect();
         let mut state: Vec<KeyWrite> = (0..entries.len()).map(|_| KeyWrite::default()).collect();
         for (node, idx) in &skipped {
             for &e in idx {
@@ -220,7 +251,7 @@ impl Inner {
             for e in idx {
                 let s = &mut state[e];
                 match &r {
-                    Ok(()) => s.acked_by.push(node),
+                    Ok(_) => s.acked_by.push(node),
                     // A node that failed mid-write may or may not have it;
                     // handing it off again is harmless (versions only move
                     // forward).
@@ -235,10 +266,42 @@ impl Inner {
             }
         }
         self.record_hints(&entries, &version_text, &state);
+        self.note_runs(&state, &runs, &marks);
         state
             .into_iter()
             .zip(replica_counts)
             .try_for_each(|(s, replicas)| self.quorum_met(s, replicas))
+    }
+
+    /// Tells each node's run ledger (`runs.rs`) what a write did there:
+    /// the writes it acknowledged as their only replica (those a restart of
+    /// the node before a sync would lose), or, for a durable write (`marks`
+    /// where its FSYNC started), that everything before is synced.
+    fn note_runs(
+        &self,
+        state: &[KeyWrite],
+        runs: &BTreeMap<usize, u64>,
+        marks: &BTreeMap<usize, SyncMark>,
+    ) {
+        if !marks.is_empty() {
+            for (node, run) in runs {
+                if let Some(&mark) = marks.get(node) {
+                    self.nodes[*node].runs.lock().synced(mark, *run);
+                }
+            }
+            return;
+        }
+        let mut alone: BTreeMap<usize, u64> = BTreeMap::new();
+        for s in state {
+            if let [node] = s.acked_by[..] {
+                *alone.entry(node).or_default() += 1;
+            }
+        }
+        for (node, n) in alone {
+            if let Some(&run) = runs.get(&node) {
+                self.nodes[node].runs.lock().acked_alone(run, n);
+            }
+        }
     }
 
     /// A key's replicas, and those a write goes to: the replicas that are

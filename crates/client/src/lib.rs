@@ -24,6 +24,7 @@ mod read;
 pub mod records;
 mod repair;
 pub mod ring;
+mod runs;
 mod status;
 mod store;
 pub mod testing;

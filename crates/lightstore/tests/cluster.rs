@@ -598,6 +598,74 @@ fn durable_batches_survive_a_kill_and_stale_connections_are_dropped() {
     );
 }
 
+/// A node that restarts without a clean stop after it alone acknowledged
+/// writes not yet synced fails the client's next `sync`, once, instead of
+/// vouching for writes it lost (`interval` durability); a clean stop
+/// (SIGTERM), `sync` durability, a sync in between, or a second replica
+/// holding the writes keep the next sync successful. And a node marked
+/// down with such writes fails a sync too rather than being skipped.
+#[test]
+fn a_sync_reports_writes_lost_with_a_restart() {
+    let mut tc = TestCluster::start_with(1, &["--durability", "interval"]);
+    let c = tc.client();
+    c.set(b"a", b"1").expect("set");
+    tc.kill(0);
+    tc.restart(0);
+    let err = c.sync().expect_err("the write may be lost");
+    assert!(
+        matches!(err, client::ClientError::LostWrites { .. })
+            && err.to_string().contains("1 write(s)"),
+        "{err}"
+    );
+    c.sync().expect("reported once");
+    // Synced before the crash: nothing to report.
+    c.set(b"b", b"2").expect("set");
+    c.sync().expect("sync");
+    tc.kill(0);
+    tc.restart(0);
+    c.sync().expect("everything acknowledged was synced");
+    // A clean stop syncs and vouches for the run.
+    c.set(b"c", b"3").expect("set");
+    tc.nodes[0]
+        .as_mut()
+        .expect("node")
+        .stop_cleanly(Duration::from_secs(20));
+    tc.restart(0);
+    assert_eq!(c.get(b"c").expect("get").as_deref(), Some(&b"3"[..]));
+    c.sync().expect("a clean stop loses nothing");
+    // Down with unsynced writes: the sync fails, it does not skip the node.
+    c.set(b"d", b"4").expect("set");
+    tc.kill(0);
+    let _ = c.get(b"d");
+    assert!(!c.is_up(0));
+    assert!(c.sync().is_err(), "a down node's unsynced writes");
+    tc.restart(0);
+    assert!(c.sync().is_err(), "and lost with its restart");
+    c.sync().expect("reported once");
+
+    // Under sync durability a crash loses nothing acknowledged.
+    let mut tc = TestCluster::start(1);
+    let c = tc.client();
+    c.set(b"a", b"1").expect("set");
+    tc.kill(0);
+    tc.restart(0);
+    c.sync().expect("sync durability");
+
+    // With two replicas a write is not lost with one of them.
+    let mut tc = TestCluster::start_with(3, &["--durability", "interval"]);
+    let c = tc.client();
+    let keys: Vec<Vec<u8>> = (0..50).map(|i| format!("k{i}").into_bytes()).collect();
+    for k in &keys {
+        c.set(k, b"v").expect("set");
+    }
+    tc.kill(1);
+    tc.restart(1);
+    c.sync().expect("each write is on a second replica");
+    for k in &keys {
+        assert_eq!(c.get(k).expect("get").as_deref(), Some(&b"v"[..]));
+    }
+}
+
 /// Compare-and-set on real nodes: `VCAS` writes only over the version it
 /// expects (absent = 0), atomically per node; through the client, of
 /// writers racing from one version at most one wins on every replica, a

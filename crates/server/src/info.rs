@@ -57,6 +57,8 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("lightstore_version", &env!("CARGO_PKG_VERSION"));
             line("redis_mode", &"standalone");
             line("process_id", &std::process::id());
+            line("run_id", &state.run.id);
+            line("run_id_safe_predecessor", &state.run.safe_predecessor);
             line("tcp_port", &state.tcp_port);
             line("uptime_in_seconds", &state.started.elapsed().as_secs());
             line("io_threads", &1);

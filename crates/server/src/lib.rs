@@ -35,6 +35,7 @@ mod node;
 mod prom;
 mod readbuf;
 mod reserved;
+mod run;
 mod session;
 mod size;
 mod slowlog;

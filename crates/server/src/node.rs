@@ -170,7 +170,9 @@ pub fn run(config: Config) -> Result<(), ServerError> {
         tracing::warn!("{msg}");
         eprintln!("WARNING: {msg}");
     }
+    let run = crate::run::begin(&db, config.durability()?).map_err(ServerError::Engine)?;
     let mut state = NodeState::new(db, config.clone(), limits, request_budget, addr.port());
+    state.run = run;
     // Before anyone is served or anything delivered: from here on the
     // counts follow every hint written or deleted.
     let counting = Instant::now();
@@ -215,6 +217,12 @@ pub fn run(config: Config) -> Result<(), ServerError> {
     exec.shutdown();
     if let Some(path) = &config.unix_socket {
         let _ = std::fs::remove_file(path);
+    }
+    // No write arrives any more: every acknowledged one is synced and the
+    // run vouched for, so clients trust what it acknowledged. (If that
+    // fails, closing below reports the engine's error.)
+    if let Err(e) = crate::run::end(&state.db, state.run) {
+        tracing::warn!(error = %e, "cannot sync at stop");
     }
     match Arc::try_unwrap(state) {
         Ok(state) => state.db.close()?,

@@ -110,6 +110,8 @@ pub struct NodeState {
     pub hints: crate::hints::HintState,
     /// The network thread's read queue for GETs, where io_uring works.
     pub net_reads: Option<std::sync::Arc<crate::netread::NetReads>>,
+    /// This process's run (`RUNID`, `run.rs`).
+    pub run: crate::run::Run,
 }
 
 impl NodeState {
@@ -138,6 +140,7 @@ impl NodeState {
             tcp_port,
             hints: crate::hints::HintState::default(),
             net_reads: None,
+            run: crate::run::Run::default(),
         }
     }
 

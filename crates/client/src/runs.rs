@@ -1,0 +1,185 @@
+//! What this client knows of each node's runs (its processes, see the
+//! node's `run.rs`), so that a sync never vouches for writes that died with
+//! a node.
+//!
+//! A node under `interval` durability acknowledges a write before it is on
+//! its device. If the node dies and restarts before a sync, the write is
+//! gone, and the `FSYNC` the new process answers covers only what the new
+//! process took. Like Linux's writeback errors (a failed writeback is
+//! reported by the next `fsync`), the next [`crate::Cluster::sync`] then
+//! fails, once, saying which node lost what it acknowledged.
+//!
+//! Contract:
+//! - Each new connection asks `RUNID` (the run's id and its safe
+//!   predecessor) before it is used, and tells the ledger
+//!   ([`RunLedger::connected`]); ids of one node only grow.
+//! - Only writes a node took as their only replica count
+//!   ([`RunLedger::acked_alone`]): a write another replica also holds is
+//!   not lost with one node (reads take the newest copy and repair).
+//! - A run newer than the one that acknowledged unsynced writes, whose
+//!   safe predecessor is not that run, means those writes may be lost: the
+//!   next sync of the node reports it ([`RunLedger::synced`]).
+//! - Nodes that do not answer `RUNID` (older ones) are not tracked.
+
+/// One node's ledger.
+#[derive(Debug, Default)]
+pub(crate) struct RunLedger {
+    /// The newest run seen (0: none yet).
+    run: u64,
+    /// The run before `run` if it lost nothing it acknowledged, else 0.
+    safe_predecessor: u64,
+    /// Writes `run` acknowledged as their only replica, and of those the
+    /// ones a sync of `run` covered.
+    acked: u64,
+    synced: u64,
+    /// Why writes acknowledged by an earlier run may be lost, until a sync
+    /// reports it.
+    lost: Option<String>,
+}
+
+/// Where a sync of one node started: which run and how many of its writes
+/// it covers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SyncMark {
+    run: u64,
+    acked: u64,
+}
+
+impl RunLedger {
+    /// A connection to `run` opened (its `RUNID` said `safe_predecessor`).
+    pub(crate) fn connected(&mut self, run: u64, safe_predecessor: u64) {
+        if run == 0 || run <= self.run {
+            return;
+        }
+        if self.run != 0 && self.acked > self.synced && safe_predecessor != self.run {
+            self.lost = Some(format!(
+                "restarted (run {} after {}) without a clean stop, after acknowledging {} \
+                 write(s) not yet synced that no other replica took: they may be lost",
+                run,
+                self.run,
+                self.acked - self.synced
+            ));
+        }
+        self.run = run;
+        self.safe_predecessor = safe_predecessor;
+        self.acked = 0;
+        self.synced = 0;
+    }
+
+    /// `run` acknowledged `n` writes as their only replica.
+    pub(crate) fn acked_alone(&mut self, run: u64, n: u64) {
+        if run == 0 || n == 0 {
+            return;
+        }
+        if run == self.run {
+            self.acked += n;
+        } else if run < self.run && run != self.safe_predecessor {
+            // Acknowledged by a run that had already died without a clean
+            // stop (the reply was read late).
+            self.lost = Some(format!(
+                "acknowledged {n} write(s) in run {run}, which ended without a clean stop \
+                 before they were synced: they may be lost"
+            ));
+        }
+    }
+
+    /// Where a sync that starts now begins.
+    pub(crate) fn mark(&self) -> SyncMark {
+        SyncMark {
+            run: self.run,
+            acked: self.acked,
+        }
+    }
+
+    /// A sync that began at `mark` was answered by `run`: the writes it
+    /// covers are durable.
+    pub(crate) fn synced(&mut self, mark: SyncMark, run: u64) {
+        if run != 0 && run == self.run && mark.run == run {
+            self.synced = self.synced.max(mark.acked);
+        }
+    }
+
+    /// Why writes of an earlier run may be lost, if they may; reported
+    /// once.
+    pub(crate) fn take_lost(&mut self) -> Option<String> {
+        self.lost.take()
+    }
+
+    /// Writes the current run acknowledged alone and no sync covered yet.
+    pub(crate) fn unsynced(&self) -> u64 {
+        self.acked - self.synced
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sync of `run` now: what it reports.
+    fn sync(l: &mut RunLedger, run: u64) -> Option<String> {
+        let m = l.mark();
+        l.synced(m, run);
+        l.take_lost()
+    }
+
+    #[test]
+    fn an_unclean_restart_after_unsynced_writes_fails_the_next_sync_once() {
+        let mut l = RunLedger::default();
+        l.connected(10, 0);
+        l.acked_alone(10, 3);
+        assert_eq!(l.unsynced(), 3);
+        assert_eq!(sync(&mut l, 10), None);
+        assert_eq!(l.unsynced(), 0);
+        l.acked_alone(10, 2);
+        // The node restarts without a clean stop.
+        l.connected(20, 0);
+        let e = sync(&mut l, 20).expect("2 writes may be lost");
+        assert!(e.contains("2 write(s)"), "{e}");
+        assert_eq!(sync(&mut l, 20), None, "reported once");
+    }
+
+    #[test]
+    fn synced_writes_a_clean_stop_and_an_older_connection_lose_nothing() {
+        let mut l = RunLedger::default();
+        l.connected(10, 0);
+        l.acked_alone(10, 3);
+        assert_eq!(sync(&mut l, 10), None);
+        l.connected(20, 0);
+        assert_eq!(sync(&mut l, 20), None, "everything was synced");
+        l.acked_alone(20, 1);
+        l.connected(30, 20);
+        assert_eq!(sync(&mut l, 30), None, "run 20 stopped cleanly");
+        // A connection opened to run 20 before it stopped reports late.
+        l.connected(20, 0);
+        l.acked_alone(20, 1);
+        assert_eq!(sync(&mut l, 30), None, "run 20 vouched for itself");
+        // Writes acknowledged after the sync began stay unsynced.
+        l.acked_alone(30, 1);
+        let m = l.mark();
+        l.acked_alone(30, 1);
+        l.synced(m, 30);
+        assert_eq!(l.unsynced(), 1);
+        l.connected(40, 0);
+        assert!(sync(&mut l, 40).is_some(), "one write was not covered");
+    }
+
+    #[test]
+    fn a_late_reply_from_a_dead_run_counts_as_lost() {
+        let mut l = RunLedger::default();
+        l.connected(10, 0);
+        l.connected(20, 0);
+        l.acked_alone(10, 1);
+        assert!(sync(&mut l, 20).is_some());
+        // A sync answered by another run than it began with covers nothing.
+        l.acked_alone(20, 1);
+        let m = l.mark();
+        l.connected(30, 20);
+        l.synced(m, 30);
+        assert_eq!(l.unsynced(), 0, "run 30 started over");
+        // Untracked nodes (no RUNID) never fail a sync.
+        let mut u = RunLedger::default();
+        u.acked_alone(0, 5);
+        u.connected(0, 0);
+        assert_eq!(sync(&mut u, 0), None);
+    }
+}

@@ -1,0 +1,135 @@
+//! This node's run (one process from start to stop) and what a client can
+//! trust of the run before it.
+//!
+//! A node under `interval` or `none` durability acknowledges writes before
+//! they are on its device. If it dies and restarts in between, those
+//! writes are gone, and an `FSYNC` the new process answers covers only what
+//! the new process took: a client that wrote, saw the node restart, and
+//! then synced would be told its writes are durable when they are lost.
+//! So each run has an id, and knows whether the run before it lost nothing
+//! it acknowledged; `RUNID` replies both, and the cluster client
+//! (`client::runs`) asks it on each new connection and fails its next sync
+//! when a node it wrote to without syncing came back from a run that may
+//! have lost those writes.
+//!
+//! Contract:
+//! - Run ids of one node only grow: each is at least the microseconds since
+//!   the epoch at its start and above the last run's (kept in the store).
+//! - `safe_predecessor` is the previous run's id if that run lost nothing
+//!   it acknowledged, else 0. A run vouches for itself in the store (the
+//!   reserved key `run/lost-nothing`) when it stops cleanly (every
+//!   acknowledged write synced first), or at its start under `sync`
+//!   durability (every acknowledgement waits for the device); at its start
+//!   under any other durability it clears the mark, durably, before it
+//!   serves anyone, so a later crash leaves no mark behind.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use engine::{BatchOp, Db, Durability};
+
+use crate::reserved::RESERVED;
+
+/// The id of the last run that started (so ids only grow).
+fn last_key() -> Vec<u8> {
+    [RESERVED, b"run/last"].concat()
+}
+
+/// The id of a run that lost nothing it acknowledged.
+fn lost_nothing_key() -> Vec<u8> {
+    [RESERVED, b"run/lost-nothing"].concat()
+}
+
+/// This run, as `RUNID` reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Run {
+    pub id: u64,
+    /// The previous run's id if it lost no acknowledged write, else 0.
+    pub safe_predecessor: u64,
+}
+
+fn stored_id(db: &Db, key: &[u8]) -> engine::Result<u64> {
+    Ok(db
+        .get(key)?
+        .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+        .unwrap_or(0))
+}
+
+fn id_value(id: u64) -> Bytes {
+    Bytes::from(id.to_string())
+}
+
+/// Starts a run on `db` (before the node serves anyone): reads what the
+/// last run left, records this one, and makes that durable. A store that
+/// refuses the record (a full device or host file system, where the node
+/// still starts to serve reads) keeps the last run's: the mark then vouches
+/// for that run, never for this one, so clients stay on the safe side.
+pub fn begin(db: &Db, durability: Durability) -> engine::Result<Run> {
+    let last = stored_id(db, &last_key())?;
+    let vouched = stored_id(db, &lost_nothing_key())?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let run = Run {
+        id: now.max(last + 1),
+        safe_predecessor: if vouched != 0 && vouched == last {
+            last
+        } else {
+            0
+        },
+    };
+    let mark = match durability {
+        Durability::Sync => BatchOp::Put(lost_nothing_key().into(), id_value(run.id)),
+        _ => BatchOp::Delete(lost_nothing_key().into()),
+    };
+    let recorded = db
+        .write_batch(&[BatchOp::Put(last_key().into(), id_value(run.id)), mark])
+        .and_then(|()| db.sync());
+    if let Err(e) = recorded {
+        tracing::warn!(error = %e, "cannot record this run; clients will treat an unclean stop as losing unsynced writes");
+    }
+    Ok(run)
+}
+
+/// Ends `run` cleanly: call once no write can arrive any more; syncs every
+/// acknowledged write and vouches for the run. A store that refuses the
+/// mark (full) only syncs: clients then treat the stop as unclean.
+pub fn end(db: &Db, run: Run) -> engine::Result<()> {
+    if let Err(e) = db.write_batch(&[BatchOp::Put(lost_nothing_key().into(), id_value(run.id))]) {
+        tracing::warn!(error = %e, "cannot mark this run's clean stop");
+    }
+    db.sync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTERVAL: Durability = Durability::Interval(std::time::Duration::from_millis(100));
+
+    #[test]
+    fn a_run_vouches_for_the_last_only_after_a_clean_end_or_under_sync() {
+        let dev = flash::NandDevice::new(flash::NandConfig {
+            page_size: 4096,
+            capacity: 16 << 20,
+            ..flash::NandConfig::default()
+        });
+        let db = Db::open(dev, engine::Options::small_for_tests()).expect("open");
+        let first = begin(&db, INTERVAL).expect("begin");
+        assert_eq!(first.safe_predecessor, 0, "no run before");
+        // Crash (no end): the next run cannot vouch for it.
+        let second = begin(&db, INTERVAL).expect("begin");
+        assert!(second.id > first.id);
+        assert_eq!(second.safe_predecessor, 0, "the first run crashed");
+        end(&db, second).expect("end");
+        let third = begin(&db, Durability::Sync).expect("begin");
+        assert_eq!(third.safe_predecessor, second.id, "a clean stop");
+        // Under sync durability a crash loses nothing acknowledged.
+        let fourth = begin(&db, INTERVAL).expect("begin");
+        assert_eq!(fourth.safe_predecessor, third.id);
+        // And an interval run clears the mark at its start.
+        let fifth = begin(&db, INTERVAL).expect("begin");
+        assert_eq!(fifth.safe_predecessor, 0);
+        assert!(fifth.id > fourth.id);
+    }
+}
