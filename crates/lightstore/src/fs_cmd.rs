@@ -348,8 +348,11 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(w) = writer {
         let _ = w.join();
     }
-    fs.sync_all()?;
+    // The lease goes whatever the last sync says (every queued change is
+    // written by now): a failed sync is reported, not a lease left to expire.
+    let synced = fs.sync_all();
     lease.release()?;
+    synced?;
     served.map_err(|e| format!("serving FUSE: {e}"))?;
     eprintln!("lightstore mount: unmounted; every write is durable");
     Ok(())

@@ -1220,3 +1220,83 @@ fn a_restarted_node_loses_no_acknowledged_change_of_the_mount() {
     assert_eq!(std::fs::read(mnt.join("after/f")).expect("read"), b"more");
     m.stop();
 }
+
+/// A file system on a node whose device fills: the write that does not fit
+/// fails with ENOSPC (at `fsync` at the latest), every file written and
+/// synced before reads back, and once the
+/// files are removed the space comes back and writes work again, all
+/// without a restart; `fs check` finds nothing wrong.
+#[test]
+fn a_full_node_gives_enospc_and_room_again_after_rm() {
+    if !can_mount() {
+        return;
+    }
+    let tc = TestCluster::start_with(1, &["--capacity", "96M"]);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "full", &mnt, &["--create"]);
+    let said = String::from_utf8_lossy(
+        &sh(&format!(
+            "cd '{m}' && i=0; while [ $i -lt 100 ]; do i=$((i+1)); \
+         head -c 4194304 /dev/urandom > '{t}/src'; \
+         if ! dd if='{t}/src' of=f$i bs=1M conv=fsync status=none 2>'{t}/err'; then \
+         echo \"failed at $i: $(cat '{t}/err')\"; break; fi; \
+         sha1sum < '{t}/src' | cut -c1-40 > \"{t}/f$i.sum\"; done",
+            m = mnt.display(),
+            t = tmp.path().display()
+        ))
+        .stdout,
+    )
+    .into_owned();
+    assert!(
+        said.starts_with("failed at ") && said.contains("No space left on device"),
+        "{said}"
+    );
+    let failed_at: usize = said
+        .trim_start_matches("failed at ")
+        .split(':')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("file number");
+    assert!(
+        failed_at > 8,
+        "only {} files of 4 MiB fit 96 MiB",
+        failed_at - 1
+    );
+    for i in 1..failed_at {
+        let want = std::fs::read_to_string(tmp.path().join(format!("f{i}.sum"))).expect("sum");
+        let got = sh(&format!(
+            "sha1sum < '{}' | cut -c1-40",
+            mnt.join(format!("f{i}")).display()
+        ));
+        assert_eq!(
+            String::from_utf8_lossy(&got.stdout),
+            want,
+            "f{i} after the device filled"
+        );
+    }
+    sh(&format!("rm -f '{}'/f*", mnt.display()));
+    // Deleted data is reclaimed in the background: writes come back
+    // within a bounded time.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new("dd")
+            .arg("if=/dev/urandom")
+            .arg(format!("of={}", mnt.join("again").display()))
+            .args(["bs=1M", "count=8", "conv=fsync", "status=none"])
+            .output()
+            .expect("dd");
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no room after rm: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    m.stop();
+    fs_check(&nodes, "full");
+}

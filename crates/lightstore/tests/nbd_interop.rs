@@ -660,3 +660,157 @@ time.sleep(30)
         );
     }
 }
+
+/// A `FLUSH` never vouches for writes the node lost: with one `interval`
+/// node, data written and not flushed, the node SIGKILLed and restarted,
+/// the next FLUSH on the same connection answers EIO (once), the one
+/// after succeeds, and what was flushed before reads back.
+#[test]
+fn a_flush_after_the_node_lost_unflushed_writes_fails_once() {
+    if !have_tools(&["nbdsh"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("node");
+    let addr = format!("127.0.0.1:{}", node_support::free_port());
+    let flags = ["--durability", "interval"];
+    let node = Node::start_at(&data, &addr, &flags).expect("node");
+    let nbd = NbdProc::start(
+        &addr,
+        &tmp.path().join("nbd.sock"),
+        &["--export", "v", "--size", "16M"],
+    );
+    let script = r#"
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pwrite(b"\x01" * 65536, 0)
+h.flush()
+h.pwrite(b"\x02" * 65536, 65536)
+print("written", flush=True)
+sys.stdin.readline()
+try:
+    h.flush()
+    print("first flush ok", flush=True)
+except nbd.Error as e:
+    print("first flush failed", e.errno, flush=True)
+h.flush()
+print("second flush ok", flush=True)
+assert h.pread(65536, 0) == b"\x01" * 65536
+print("flushed data reads back", flush=True)
+"#;
+    let path = tmp.path().join("lost.py");
+    std::fs::write(&path, script).expect("script");
+    let mut py = std::process::Command::new("/usr/bin/python3")
+        .arg(&path)
+        .arg(nbd.uri("v"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut out = std::io::BufReader::new(py.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("read");
+    assert_eq!(line.trim(), "written");
+    drop(node); // SIGKILL
+    let _node = Node::start_at(&data, &addr, &flags).expect("restart");
+    std::thread::sleep(Duration::from_millis(50));
+    std::io::Write::write_all(py.stdin.as_mut().expect("stdin"), b"go\n").expect("go");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read");
+    assert!(py.wait().expect("wait").success(), "{rest}");
+    assert_eq!(
+        rest.lines().collect::<Vec<_>>(),
+        [
+            "first flush failed EIO",
+            "second flush ok",
+            "flushed data reads back"
+        ],
+        "{}",
+        nbd.log_text()
+    );
+}
+
+/// A volume larger than its node's device: writes past what the device
+/// holds answer ENOSPC, everything acknowledged before reads back, and
+/// once a quarter of it is trimmed, writes are taken again.
+#[test]
+fn a_full_node_answers_enospc_and_takes_writes_after_a_trim() {
+    if !have_tools(&["nbdsh"]) {
+        return;
+    }
+    let node = Node::start(&["--capacity", "96M"]);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let nbd = NbdProc::start(
+        &format!("127.0.0.1:{}", node.port),
+        &tmp.path().join("nbd.sock"),
+        &["--export", "v", "--size", "256M"],
+    );
+    let script = r#"
+import sys, os, time, hashlib, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+MiB = 1 << 20
+written = {}
+for i in range(256):
+    buf = os.urandom(MiB)
+    try:
+        h.pwrite(buf, i * MiB, nbd.CMD_FLAG_FUA)
+    except nbd.Error as e:
+        print("full after", i, "MiB:", e.errno)
+        break
+    written[i] = hashlib.sha1(buf).digest()
+else:
+    print("never full")
+bad = [i for i, d in written.items() if hashlib.sha1(h.pread(MiB, i * MiB)).digest() != d]
+print("bad", len(bad))
+# Trim the first three quarters; the last quarter stays.
+keep = len(written) // 4
+first_kept = len(written) - keep
+h.trim(first_kept * MiB, 0)
+deadline = time.time() + 30
+while True:
+    try:
+        h.pwrite(os.urandom(MiB), 255 * MiB, nbd.CMD_FLAG_FUA)
+        print("written after trim")
+        break
+    except nbd.Error as e:
+        if time.time() > deadline:
+            print("still refused:", e.errno)
+            break
+        time.sleep(0.2)
+bad = [i for i in range(first_kept, len(written)) if hashlib.sha1(h.pread(MiB, i * MiB)).digest() != written[i]]
+print("kept bad", len(bad))
+print("trimmed reads zeros", h.pread(MiB, 0) == bytes(MiB))
+"#;
+    let path = tmp.path().join("full.py");
+    std::fs::write(&path, script).expect("script");
+    let out = run(
+        "/usr/bin/python3",
+        &[path.to_str().expect("path"), &nbd.uri("v")],
+    );
+    let said = stdout(&out);
+    let lines: Vec<&str> = said.lines().collect();
+    assert!(
+        lines
+            .first()
+            .is_some_and(|l| l.starts_with("full after") && l.ends_with("ENOSPC")),
+        "{said}"
+    );
+    let full_at: usize = lines[0]
+        .split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .expect("MiB count");
+    assert!(full_at >= 32, "only {full_at} MiB fit a 96 MiB device");
+    assert_eq!(
+        &lines[1..],
+        [
+            "bad 0",
+            "written after trim",
+            "kept bad 0",
+            "trimmed reads zeros True"
+        ],
+        "{said}"
+    );
+}
