@@ -279,6 +279,11 @@ impl Lease {
             holder: holder.clone(),
         };
         let mut version = take(&*store, &key, &owner, &record, force)?;
+        // Durable before anything relies on it, whatever the nodes'
+        // durability: a node that crashed just after would otherwise come
+        // back with the record from before the take, and the first renewal
+        // would take that for a takeover.
+        store.sync()?;
         let stop = Arc::new(AtomicBool::new(false));
         let fence = Fence::new(true);
         let renewer = {
