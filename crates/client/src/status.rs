@@ -41,6 +41,10 @@ pub struct NodeStatus {
     pub hints: Vec<(String, u64)>,
     /// Missed writes this node has handed off since it started.
     pub hints_delivered: u64,
+    /// Whether the node's previous run ended without a clean stop (it may
+    /// miss writes it had acknowledged but not synced; `INFO server`
+    /// `previous_stop:unclean`).
+    pub unclean_restart: bool,
 }
 
 /// `key:value` lines of an INFO reply.
@@ -84,6 +88,7 @@ impl Cluster {
         let results = self.inner.fan_out(jobs, |i, ()| {
             self.inner.with_conn(i, |c| {
                 let replies = c.pipeline(&[
+                    vec![&b"INFO"[..], b"server"],
                     vec![&b"INFO"[..], b"keyspace"],
                     vec![&b"INFO"[..], b"engine"],
                     vec![&b"INFO"[..], b"handoff"],
@@ -155,6 +160,7 @@ fn parse_status(addr: String, f: &HashMap<String, String>) -> NodeStatus {
         .map(|k| num(k))
         .sum(),
         hints_delivered: num("hints_delivered"),
+        unclean_restart: f.get("previous_stop").map(|v| v.trim()) == Some("unclean"),
         hints: f
             .get("hints_targets")
             .map(|v| {

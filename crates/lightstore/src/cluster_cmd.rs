@@ -244,6 +244,13 @@ fn print_status(cluster: &Cluster) {
             "under-replicated: {target} missed writes; {n} hints wait to hand them off when it answers"
         );
     }
+    for s in status.iter().filter(|s| s.up && s.unclean_restart) {
+        println!(
+            "restarted without a clean stop: {} may miss writes it acknowledged but had not synced; \
+             reads take the newest copy from the other replicas, `lightstore cluster repair` copies them back",
+            s.addr
+        );
+    }
     let up = status.iter().filter(|s| s.up).count();
     println!(
         "{up} of {} nodes up, {} replicas per key",

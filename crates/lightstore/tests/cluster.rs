@@ -618,6 +618,11 @@ fn a_sync_reports_writes_lost_with_a_restart() {
         "{err}"
     );
     c.sync().expect("reported once");
+    // The node says so, and `cluster status` shows it.
+    assert!(c.status()[0].unclean_restart);
+    let out = lightstore(&["cluster", "--nodes", &tc.addrs[0], "status"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("restarted without a clean stop"), "{said}");
     // Synced before the crash: nothing to report.
     c.set(b"b", b"2").expect("set");
     c.sync().expect("sync");
@@ -633,6 +638,7 @@ fn a_sync_reports_writes_lost_with_a_restart() {
     tc.restart(0);
     assert_eq!(c.get(b"c").expect("get").as_deref(), Some(&b"3"[..]));
     c.sync().expect("a clean stop loses nothing");
+    assert!(!c.status()[0].unclean_restart);
     // Down with unsynced writes: the sync fails, it does not skip the node.
     c.set(b"d", b"4").expect("set");
     tc.kill(0);

@@ -59,6 +59,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("process_id", &std::process::id());
             line("run_id", &state.run.id);
             line("run_id_safe_predecessor", &state.run.safe_predecessor);
+            line("previous_stop", &state.run.previous.name());
             line("tcp_port", &state.tcp_port);
             line("uptime_in_seconds", &state.started.elapsed().as_secs());
             line("io_threads", &1);

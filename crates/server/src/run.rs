@@ -46,6 +46,32 @@ pub struct Run {
     pub id: u64,
     /// The previous run's id if it lost no acknowledged write, else 0.
     pub safe_predecessor: u64,
+    /// How the previous run ended (`INFO server`, `cluster status`).
+    pub previous: PreviousStop,
+}
+
+/// How the run before this one ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PreviousStop {
+    /// There was none (a new store), or it is not known.
+    #[default]
+    None,
+    /// It lost nothing it acknowledged.
+    Clean,
+    /// It may have lost writes it acknowledged in its last moments (those
+    /// its durability had not synced): other replicas hold them.
+    Unclean,
+}
+
+impl PreviousStop {
+    /// As `INFO server` shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PreviousStop::None => "none",
+            PreviousStop::Clean => "clean",
+            PreviousStop::Unclean => "unclean",
+        }
+    }
 }
 
 fn stored_id(db: &Db, key: &[u8]) -> engine::Result<u64> {
@@ -70,14 +96,25 @@ pub fn begin(db: &Db, durability: Durability) -> engine::Result<Run> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64);
+    let clean = vouched != 0 && vouched == last;
     let run = Run {
         id: now.max(last + 1),
-        safe_predecessor: if vouched != 0 && vouched == last {
-            last
-        } else {
-            0
+        safe_predecessor: if clean { last } else { 0 },
+        previous: match (last, clean) {
+            (0, _) => PreviousStop::None,
+            (_, true) => PreviousStop::Clean,
+            (_, false) => PreviousStop::Unclean,
         },
     };
+    if run.previous == PreviousStop::Unclean {
+        tracing::warn!(
+            previous_run = last,
+            "the last run of this node ended without a clean stop: writes it acknowledged in \
+             its last moments (those its durability had not synced) may be missing here; \
+             other replicas hold them (reads take the newest copy, `lightstore cluster repair` \
+             copies them back) and clients' next sync reports any no other replica took"
+        );
+    }
     let mark = match durability {
         Durability::Sync => BatchOp::Put(lost_nothing_key().into(), id_value(run.id)),
         _ => BatchOp::Delete(lost_nothing_key().into()),
@@ -117,13 +154,16 @@ mod tests {
         let db = Db::open(dev, engine::Options::small_for_tests()).expect("open");
         let first = begin(&db, INTERVAL).expect("begin");
         assert_eq!(first.safe_predecessor, 0, "no run before");
+        assert_eq!(first.previous, PreviousStop::None);
         // Crash (no end): the next run cannot vouch for it.
         let second = begin(&db, INTERVAL).expect("begin");
         assert!(second.id > first.id);
         assert_eq!(second.safe_predecessor, 0, "the first run crashed");
+        assert_eq!(second.previous, PreviousStop::Unclean);
         end(&db, second).expect("end");
         let third = begin(&db, Durability::Sync).expect("begin");
         assert_eq!(third.safe_predecessor, second.id, "a clean stop");
+        assert_eq!(third.previous, PreviousStop::Clean);
         // Under sync durability a crash loses nothing acknowledged.
         let fourth = begin(&db, INTERVAL).expect("begin");
         assert_eq!(fourth.safe_predecessor, third.id);
