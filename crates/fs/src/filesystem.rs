@@ -237,12 +237,13 @@ impl FileSystem {
         Ok(fs)
     }
 
-    /// The cluster's space for user data, if known (asked at most every
-    /// few seconds: `df` should not fan out to every node each time).
+    /// The cluster's space for user data, if known (asked at most once a
+    /// second: `df` should not fan out to every node each time, and should
+    /// not show a filling disk as it was seconds ago either).
     pub fn capacity(&self) -> Option<client::Capacity> {
         let mut cached = self.capacity.lock();
         if let Some((at, c)) = *cached {
-            if at.elapsed() < std::time::Duration::from_secs(5) {
+            if at.elapsed() < std::time::Duration::from_secs(1) {
                 return c;
             }
         }
