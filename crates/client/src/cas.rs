@@ -82,11 +82,15 @@ impl Inner {
         let jobs: Vec<(usize, Vec<&[&[u8]]>)> =
             targets.iter().map(|&n| (n, vec![&req[..]])).collect();
         let mut conflict = false;
-        for (node, r) in self.pipeline_all_checked(&jobs) {
-            match r.map(|mut replies| replies.pop()) {
-                Ok(Some(Reply::Integer(1))) => state.acked_by.push(node),
-                Ok(Some(Reply::Integer(0))) => conflict = true,
-                Ok(other) => {
+        let mut runs = std::collections::BTreeMap::new();
+        for (node, r) in self.pipeline_all_checked_runs(&jobs) {
+            match r.map(|(run, mut replies)| (run, replies.pop())) {
+                Ok((run, Some(Reply::Integer(1)))) => {
+                    state.acked_by.push(node);
+                    runs.insert(node, run);
+                }
+                Ok((_, Some(Reply::Integer(0)))) => conflict = true,
+                Ok((_, other)) => {
                     state.refused = Some(ClientError::UnexpectedReply {
                         node: self.nodes[node].addr.clone(),
                         command: "VCAS".into(),
@@ -100,6 +104,8 @@ impl Inner {
                 Err(e) => state.refused = Some(e),
             }
         }
+        // Taken where acknowledged, even if another replica refused it.
+        self.note_runs(std::slice::from_ref(&state), &runs, &Default::default());
         if conflict {
             return Ok(None);
         }

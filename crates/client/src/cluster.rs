@@ -290,12 +290,13 @@ impl Inner {
         // node that does not know RUNID is not tracked.
         match c.call(&[&b"RUNID"[..]]) {
             Ok(Reply::Array(ids)) => {
-                if let [Reply::Integer(run), Reply::Integer(safe)] = ids[..] {
-                    c.run = u64::try_from(run).unwrap_or(0);
+                if let [Reply::Integer(run), Reply::Integer(from), Reply::Integer(to)] = ids[..] {
+                    let id = |n: i64| u64::try_from(n).unwrap_or(0);
+                    c.run = id(run);
                     self.nodes[i]
                         .runs
                         .lock()
-                        .connected(c.run, u64::try_from(safe).unwrap_or(0));
+                        .connected(c.run, (id(from), id(to)));
                 }
             }
             Err(e) if e.is_node_failure() => return Err(e),

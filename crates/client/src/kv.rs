@@ -80,12 +80,14 @@ impl Cluster {
     /// to sync fails the call, and so does one that restarted without a
     /// clean stop after it alone acknowledged writes not yet synced
     /// ([`ClientError::LostWrites`], once; see `runs.rs`). So success means
-    /// every acknowledged write is durable on at least one replica and on
-    /// every replica that is up.
+    /// every acknowledged write is durable on every replica that is up, and
+    /// every write only one replica took is durable there. (A write several
+    /// replicas took and lost together, every one of them restarting
+    /// without a clean stop before a sync, is not detected.)
     pub fn sync(&self) -> Result<()> {
         let inner = &*self.inner;
         let nodes: Vec<usize> = (0..inner.nodes.len())
-            .filter(|&i| inner.is_up(i) || inner.nodes[i].runs.lock().unsynced() > 0)
+            .filter(|&i| inner.is_up(i) || inner.nodes[i].runs.lock().owes_a_sync())
             .collect();
         if nodes.is_empty() {
             return Err(ClientError::Unavailable(
@@ -101,18 +103,25 @@ impl Cluster {
             .map(|&node| (node, vec![[&b"FSYNC"[..]]]))
             .collect();
         let results = inner.pipeline_all_checked_runs(&reqs);
+        // Every node's outcome is recorded before the first error returns.
+        let mut first_error = None;
         for ((node, r), mark) in results.into_iter().zip(marks) {
-            let (run, _) = r?;
-            let mut runs = inner.nodes[node].runs.lock();
-            runs.synced(mark, run);
-            if let Some(why) = runs.take_lost() {
-                return Err(ClientError::LostWrites {
-                    node: inner.nodes[node].addr.clone(),
-                    why,
-                });
+            let failure = match r {
+                Ok((run, _)) => {
+                    let mut runs = inner.nodes[node].runs.lock();
+                    runs.synced(mark, run);
+                    runs.take_lost().map(|why| ClientError::LostWrites {
+                        node: inner.nodes[node].addr.clone(),
+                        why,
+                    })
+                }
+                Err(e) => Some(e),
+            };
+            if first_error.is_none() {
+                first_error = failure;
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Reads `key` (see [`Cluster::mget`]).
@@ -277,7 +286,7 @@ impl Inner {
     /// the writes it acknowledged as their only replica (those a restart of
     /// the node before a sync would lose), or, for a durable write (`marks`
     /// where its FSYNC started), that everything before is synced.
-    fn note_runs(
+    pub(crate) fn note_runs(
         &self,
         state: &[KeyWrite],
         runs: &BTreeMap<usize, u64>,

@@ -282,8 +282,13 @@ impl Lease {
         // Durable before anything relies on it, whatever the nodes'
         // durability: a node that crashed just after would otherwise come
         // back with the record from before the take, and the first renewal
-        // would take that for a takeover.
-        store.sync()?;
+        // would take that for a takeover. If it cannot be made durable,
+        // the record goes again (best effort) so no one, this holder
+        // retrying included, waits out a lease nobody renews.
+        if let Err(e) = store.sync() {
+            let _ = store.write_if_version(&key, version, None);
+            return Err(e.into());
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let fence = Fence::new(true);
         let renewer = {

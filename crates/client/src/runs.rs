@@ -10,15 +10,19 @@
 //! fails, once, saying which node lost what it acknowledged.
 //!
 //! Contract:
-//! - Each new connection asks `RUNID` (the run's id and its safe
-//!   predecessor) before it is used, and tells the ledger
-//!   ([`RunLedger::connected`]); ids of one node only grow.
+//! - Each new connection asks `RUNID` (the run's id and the range of
+//!   earlier runs known to have lost nothing they acknowledged) before it
+//!   is used, and tells the ledger ([`RunLedger::connected`]); ids of one
+//!   node only grow.
 //! - Only writes a node took as their only replica count
 //!   ([`RunLedger::acked_alone`]): a write another replica also holds is
 //!   not lost with one node (reads take the newest copy and repair).
 //! - A run newer than the one that acknowledged unsynced writes, whose
-//!   safe predecessor is not that run, means those writes may be lost: the
-//!   next sync of the node reports it ([`RunLedger::synced`]).
+//!   safe range does not hold that run, means those writes may be lost:
+//!   the next sync of the node reports it ([`RunLedger::take_lost`]).
+//! - Writes that several replicas took are not tracked: a loss needs all of
+//!   them to restart uncleanly before a sync (a power cut of the whole
+//!   cluster under `interval`), which this does not detect.
 //! - Nodes that do not answer `RUNID` (older ones) are not tracked.
 
 /// One node's ledger.
@@ -26,8 +30,8 @@
 pub(crate) struct RunLedger {
     /// The newest run seen (0: none yet).
     run: u64,
-    /// The run before `run` if it lost nothing it acknowledged, else 0.
-    safe_predecessor: u64,
+    /// The earlier runs `run` vouches for: `safe.0..=safe.1`.
+    safe: (u64, u64),
     /// Writes `run` acknowledged as their only replica, and of those the
     /// ones a sync of `run` covered.
     acked: u64,
@@ -46,22 +50,29 @@ pub(crate) struct SyncMark {
 }
 
 impl RunLedger {
-    /// A connection to `run` opened (its `RUNID` said `safe_predecessor`).
-    pub(crate) fn connected(&mut self, run: u64, safe_predecessor: u64) {
+    /// Whether `run` is one the current run vouches for.
+    fn vouched(&self, run: u64) -> bool {
+        run != 0 && self.safe.0 <= run && run <= self.safe.1
+    }
+
+    /// A connection to `run` opened; its `RUNID` vouched for the earlier
+    /// runs `safe.0..=safe.1`.
+    pub(crate) fn connected(&mut self, run: u64, safe: (u64, u64)) {
         if run == 0 || run <= self.run {
             return;
         }
-        if self.run != 0 && self.acked > self.synced && safe_predecessor != self.run {
+        let earlier = self.run;
+        self.safe = safe;
+        if earlier != 0 && self.acked > self.synced && !self.vouched(earlier) {
             self.lost = Some(format!(
                 "restarted (run {} after {}) without a clean stop, after acknowledging {} \
                  write(s) not yet synced that no other replica took: they may be lost",
                 run,
-                self.run,
+                earlier,
                 self.acked - self.synced
             ));
         }
         self.run = run;
-        self.safe_predecessor = safe_predecessor;
         self.acked = 0;
         self.synced = 0;
     }
@@ -73,7 +84,7 @@ impl RunLedger {
         }
         if run == self.run {
             self.acked += n;
-        } else if run < self.run && run != self.safe_predecessor {
+        } else if run < self.run && !self.vouched(run) {
             // Acknowledged by a run that had already died without a clean
             // stop (the reply was read late).
             self.lost = Some(format!(
@@ -109,6 +120,12 @@ impl RunLedger {
     pub(crate) fn unsynced(&self) -> u64 {
         self.acked - self.synced
     }
+
+    /// Whether a sync must reach this node even while it is marked down:
+    /// it alone holds unsynced writes, or a loss waits to be reported.
+    pub(crate) fn owes_a_sync(&self) -> bool {
+        self.unsynced() > 0 || self.lost.is_some()
+    }
 }
 
 #[cfg(test)]
@@ -125,14 +142,14 @@ mod tests {
     #[test]
     fn an_unclean_restart_after_unsynced_writes_fails_the_next_sync_once() {
         let mut l = RunLedger::default();
-        l.connected(10, 0);
+        l.connected(10, (0, 0));
         l.acked_alone(10, 3);
         assert_eq!(l.unsynced(), 3);
         assert_eq!(sync(&mut l, 10), None);
         assert_eq!(l.unsynced(), 0);
         l.acked_alone(10, 2);
         // The node restarts without a clean stop.
-        l.connected(20, 0);
+        l.connected(20, (0, 0));
         let e = sync(&mut l, 20).expect("2 writes may be lost");
         assert!(e.contains("2 write(s)"), "{e}");
         assert_eq!(sync(&mut l, 20), None, "reported once");
@@ -141,16 +158,16 @@ mod tests {
     #[test]
     fn synced_writes_a_clean_stop_and_an_older_connection_lose_nothing() {
         let mut l = RunLedger::default();
-        l.connected(10, 0);
+        l.connected(10, (0, 0));
         l.acked_alone(10, 3);
         assert_eq!(sync(&mut l, 10), None);
-        l.connected(20, 0);
+        l.connected(20, (0, 0));
         assert_eq!(sync(&mut l, 20), None, "everything was synced");
         l.acked_alone(20, 1);
-        l.connected(30, 20);
+        l.connected(30, (20, 20));
         assert_eq!(sync(&mut l, 30), None, "run 20 stopped cleanly");
         // A connection opened to run 20 before it stopped reports late.
-        l.connected(20, 0);
+        l.connected(20, (0, 0));
         l.acked_alone(20, 1);
         assert_eq!(sync(&mut l, 30), None, "run 20 vouched for itself");
         // Writes acknowledged after the sync began stay unsynced.
@@ -159,27 +176,45 @@ mod tests {
         l.acked_alone(30, 1);
         l.synced(m, 30);
         assert_eq!(l.unsynced(), 1);
-        l.connected(40, 0);
+        l.connected(40, (0, 0));
         assert!(sync(&mut l, 40).is_some(), "one write was not covered");
+    }
+
+    #[test]
+    fn clean_runs_the_client_never_saw_lose_nothing() {
+        let mut l = RunLedger::default();
+        l.connected(10, (0, 0));
+        l.acked_alone(10, 2);
+        // 10, 11 and 12 stopped cleanly; the client meets 13 only.
+        l.connected(13, (10, 12));
+        assert_eq!(sync(&mut l, 13), None);
+        l.acked_alone(13, 1);
+        // 13 crashed, 14 started unrecorded (a full device) and crashed:
+        // 15 vouches for the chain ending at 13 only, not for 14.
+        l.connected(14, (0, 0));
+        assert!(sync(&mut l, 14).is_some(), "13 crashed with a write");
+        l.acked_alone(14, 1);
+        l.connected(15, (13, 13));
+        assert!(sync(&mut l, 15).is_some(), "14 is not vouched for");
     }
 
     #[test]
     fn a_late_reply_from_a_dead_run_counts_as_lost() {
         let mut l = RunLedger::default();
-        l.connected(10, 0);
-        l.connected(20, 0);
+        l.connected(10, (0, 0));
+        l.connected(20, (0, 0));
         l.acked_alone(10, 1);
         assert!(sync(&mut l, 20).is_some());
         // A sync answered by another run than it began with covers nothing.
         l.acked_alone(20, 1);
         let m = l.mark();
-        l.connected(30, 20);
+        l.connected(30, (20, 20));
         l.synced(m, 30);
         assert_eq!(l.unsynced(), 0, "run 30 started over");
         // Untracked nodes (no RUNID) never fail a sync.
         let mut u = RunLedger::default();
         u.acked_alone(0, 5);
-        u.connected(0, 0);
+        u.connected(0, (0, 0));
         assert_eq!(sync(&mut u, 0), None);
     }
 }

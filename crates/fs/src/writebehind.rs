@@ -72,9 +72,10 @@ struct State {
     written: u64,
     /// Why the last batch failed, until one succeeds.
     failing: Option<String>,
-    /// Failed attempts so far (a waiter fails on one that follows its
-    /// arrival).
-    failed_attempts: u64,
+    /// Attempts to write started so far, and the last one that failed (a
+    /// waiter fails on an attempt that started after it arrived).
+    attempts: u64,
+    failed_attempt: u64,
     /// A waiter asks the failing writer to try again now.
     retry_now: bool,
     /// The mount lost its lease: queued changes were dropped, and every
@@ -126,12 +127,12 @@ impl WriteBehind {
     pub(crate) fn settle(&self) -> Result<()> {
         let mut s = self.state.lock();
         let target = s.queued;
-        let seen = s.failed_attempts;
+        let seen = s.attempts;
         s.waiting += 1;
         s.retry_now = s.failing.is_some();
         self.work.notify_one();
         let outcome = loop {
-            let failed = s.lease_lost || s.failed_attempts > seen;
+            let failed = s.lease_lost || s.failed_attempt > seen;
             if let Some(why) = s.failing.as_ref().filter(|_| failed) {
                 break Err(FsError::Refused(format!("metadata not yet written: {why}")).into_io());
             }
@@ -179,6 +180,7 @@ impl WriteBehind {
     /// are dropped, not written next to the
     /// new owner's.
     pub(crate) fn run(&self, store: &dyn Store, may_write: impl Fn() -> Permit) {
+        let mut last_logged: Option<(String, std::time::Instant)> = None;
         loop {
             let (changes, upto) = {
                 let mut s = self.state.lock();
@@ -204,6 +206,11 @@ impl WriteBehind {
             for batch in batches(changes) {
                 let mut delay = Duration::from_millis(50);
                 loop {
+                    let attempt = {
+                        let mut s = self.state.lock();
+                        s.attempts += 1;
+                        s.attempts
+                    };
                     let outcome = match may_write() {
                         Permit::Never => {
                             tracing::error!(
@@ -224,10 +231,20 @@ impl WriteBehind {
                     match outcome {
                         Ok(()) => break,
                         Err(e) => {
-                            tracing::error!(error = %e, "cannot write metadata changes; retrying");
+                            // Logged when the reason changes, and every 10 s
+                            // while it lasts (waiters make the writer retry).
+                            let repeat = last_logged.as_ref().is_some_and(
+                                |(why, at): &(String, std::time::Instant)| {
+                                    *why == e && at.elapsed() < Duration::from_secs(10)
+                                },
+                            );
+                            if !repeat {
+                                tracing::error!(error = %e, "cannot write metadata changes; retrying");
+                                last_logged = Some((e.clone(), std::time::Instant::now()));
+                            }
                             let mut s = self.state.lock();
                             s.failing = Some(e);
-                            s.failed_attempts += 1;
+                            s.failed_attempt = attempt;
                             self.progress.notify_all();
                             if !s.retry_now {
                                 self.work.wait_for(&mut s, delay);
@@ -386,7 +403,7 @@ mod tests {
         wb.push(vec![(b"k".to_vec(), Some(b"v".to_vec()))]);
         // Failed tries back off: 50, 100, 200, 400 ms, then 800 ms.
         std::thread::sleep(Duration::from_millis(900));
-        assert!(wb.state.lock().failed_attempts >= 3);
+        assert!(wb.state.lock().failed_attempt >= 3);
         store.fail_writes_after(None);
         let began = std::time::Instant::now();
         wb.settle()

@@ -351,8 +351,9 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The lease goes whatever the last sync says (every queued change is
     // written by now): a failed sync is reported, not a lease left to expire.
     let synced = fs.sync_all();
-    lease.release()?;
+    let released = lease.release();
     synced?;
+    released?;
     served.map_err(|e| format!("serving FUSE: {e}"))?;
     eprintln!("lightstore mount: unmounted; every write is durable");
     Ok(())

@@ -58,7 +58,10 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("redis_mode", &"standalone");
             line("process_id", &std::process::id());
             line("run_id", &state.run.id);
-            line("run_id_safe_predecessor", &state.run.safe_predecessor);
+            line(
+                "run_ids_safe",
+                &format!("{}-{}", state.run.safe_from, state.run.safe_to),
+            );
             line("previous_stop", &state.run.previous.name());
             line("tcp_port", &state.tcp_port);
             line("uptime_in_seconds", &state.started.elapsed().as_secs());

@@ -6,22 +6,26 @@
 //! writes are gone, and an `FSYNC` the new process answers covers only what
 //! the new process took: a client that wrote, saw the node restart, and
 //! then synced would be told its writes are durable when they are lost.
-//! So each run has an id, and knows whether the run before it lost nothing
-//! it acknowledged; `RUNID` replies both, and the cluster client
+//! So each run has an id, and knows which runs before it lost nothing they
+//! acknowledged; `RUNID` replies `[id, safe_from, safe_to]`, and the cluster client
 //! (`client::runs`) asks it on each new connection and fails its next sync
 //! when a node it wrote to without syncing came back from a run that may
 //! have lost those writes.
 //!
 //! Contract:
-//! - Run ids of one node only grow: each is at least the microseconds since
-//!   the epoch at its start and above the last run's (kept in the store).
-//! - `safe_predecessor` is the previous run's id if that run lost nothing
-//!   it acknowledged, else 0. A run vouches for itself in the store (the
-//!   reserved key `run/lost-nothing`) when it stops cleanly (every
-//!   acknowledged write synced first), or at its start under `sync`
-//!   durability (every acknowledgement waits for the device); at its start
-//!   under any other durability it clears the mark, durably, before it
-//!   serves anyone, so a later crash leaves no mark behind.
+//! - Run ids of one node only grow as long as its clock does: each is at
+//!   least the microseconds since the epoch at its start and above the
+//!   last recorded run's.
+//! - `safe_from..=safe_to` are the earlier runs known to have lost nothing
+//!   they acknowledged (empty, `0..=0`, when the last run may have): the
+//!   unbroken chain of such runs that ends with the last recorded one. A
+//!   run vouches for itself in the store (`run/lost-nothing`) when it stops
+//!   cleanly (every acknowledged write synced first), or at its start under
+//!   `sync` durability (every acknowledgement waits for the device); at its
+//!   start under any other durability it clears the mark, durably, before
+//!   it serves anyone, so a later crash leaves no mark behind. A run the
+//!   store could not record at its start (a full device) is above
+//!   `safe_to` for the next one, so it is never vouched for by mistake.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -40,12 +44,23 @@ fn lost_nothing_key() -> Vec<u8> {
     [RESERVED, b"run/lost-nothing"].concat()
 }
 
+/// The first run of the chain of runs that lost nothing which the last
+/// recorded run would extend by a clean stop.
+fn chain_start_key() -> Vec<u8> {
+    [RESERVED, b"run/chain-start"].concat()
+}
+
 /// This run, as `RUNID` reports it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Run {
     pub id: u64,
-    /// The previous run's id if it lost no acknowledged write, else 0.
-    pub safe_predecessor: u64,
+    /// The earlier runs that lost nothing they acknowledged:
+    /// `safe_from..=safe_to` (`0..=0`: none).
+    pub safe_from: u64,
+    pub safe_to: u64,
+    /// The first run of the chain this run extends if it stops cleanly
+    /// (`safe_from`, or this run when the last one may have lost writes).
+    chain_start: u64,
     /// How the previous run ended (`INFO server`, `cluster status`).
     pub previous: PreviousStop,
 }
@@ -93,13 +108,29 @@ fn id_value(id: u64) -> Bytes {
 pub fn begin(db: &Db, durability: Durability) -> engine::Result<Run> {
     let last = stored_id(db, &last_key())?;
     let vouched = stored_id(db, &lost_nothing_key())?;
+    let chain = stored_id(db, &chain_start_key())?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64);
+    let id = now.max(last + 1);
     let clean = vouched != 0 && vouched == last;
+    let (safe_from, safe_to) = if clean {
+        (
+            if chain == 0 || chain > last {
+                last
+            } else {
+                chain
+            },
+            last,
+        )
+    } else {
+        (0, 0)
+    };
     let run = Run {
-        id: now.max(last + 1),
-        safe_predecessor: if clean { last } else { 0 },
+        id,
+        safe_from,
+        safe_to,
+        chain_start: if clean { safe_from } else { id },
         previous: match (last, clean) {
             (0, _) => PreviousStop::None,
             (_, true) => PreviousStop::Clean,
@@ -120,19 +151,29 @@ pub fn begin(db: &Db, durability: Durability) -> engine::Result<Run> {
         _ => BatchOp::Delete(lost_nothing_key().into()),
     };
     let recorded = db
-        .write_batch(&[BatchOp::Put(last_key().into(), id_value(run.id)), mark])
+        .write_batch(&[
+            BatchOp::Put(last_key().into(), id_value(run.id)),
+            BatchOp::Put(chain_start_key().into(), id_value(run.chain_start)),
+            mark,
+        ])
         .and_then(|()| db.sync());
     if let Err(e) = recorded {
-        tracing::warn!(error = %e, "cannot record this run; clients will treat an unclean stop as losing unsynced writes");
+        tracing::warn!(error = %e, "cannot record this run; clients will treat its stop as unclean unless it stops cleanly");
     }
     Ok(run)
 }
 
 /// Ends `run` cleanly: call once no write can arrive any more; syncs every
-/// acknowledged write and vouches for the run. A store that refuses the
-/// mark (full) only syncs: clients then treat the stop as unclean.
+/// acknowledged write and vouches for the run (recording it too, in case
+/// its start could not). A store that refuses the mark (full) only syncs:
+/// clients then treat the stop as unclean.
 pub fn end(db: &Db, run: Run) -> engine::Result<()> {
-    if let Err(e) = db.write_batch(&[BatchOp::Put(lost_nothing_key().into(), id_value(run.id))]) {
+    let id = id_value(run.id);
+    if let Err(e) = db.write_batch(&[
+        BatchOp::Put(last_key().into(), id.clone()),
+        BatchOp::Put(chain_start_key().into(), id_value(run.chain_start)),
+        BatchOp::Put(lost_nothing_key().into(), id),
+    ]) {
         tracing::warn!(error = %e, "cannot mark this run's clean stop");
     }
     db.sync()
@@ -145,31 +186,43 @@ mod tests {
     const INTERVAL: Durability = Durability::Interval(std::time::Duration::from_millis(100));
 
     #[test]
-    fn a_run_vouches_for_the_last_only_after_a_clean_end_or_under_sync() {
+    fn a_run_vouches_for_the_clean_chain_before_it() {
         let dev = flash::NandDevice::new(flash::NandConfig {
             page_size: 4096,
             capacity: 16 << 20,
             ..flash::NandConfig::default()
         });
         let db = Db::open(dev, engine::Options::small_for_tests()).expect("open");
+        let range = |r: Run| (r.safe_from, r.safe_to);
         let first = begin(&db, INTERVAL).expect("begin");
-        assert_eq!(first.safe_predecessor, 0, "no run before");
+        assert_eq!(range(first), (0, 0), "no run before");
         assert_eq!(first.previous, PreviousStop::None);
         // Crash (no end): the next run cannot vouch for it.
         let second = begin(&db, INTERVAL).expect("begin");
         assert!(second.id > first.id);
-        assert_eq!(second.safe_predecessor, 0, "the first run crashed");
+        assert_eq!(range(second), (0, 0), "the first run crashed");
         assert_eq!(second.previous, PreviousStop::Unclean);
         end(&db, second).expect("end");
         let third = begin(&db, Durability::Sync).expect("begin");
-        assert_eq!(third.safe_predecessor, second.id, "a clean stop");
+        assert_eq!(range(third), (second.id, second.id), "a clean stop");
         assert_eq!(third.previous, PreviousStop::Clean);
-        // Under sync durability a crash loses nothing acknowledged.
+        // Under sync durability a crash loses nothing acknowledged; the
+        // chain goes on: a client that saw only the second run is safe.
         let fourth = begin(&db, INTERVAL).expect("begin");
-        assert_eq!(fourth.safe_predecessor, third.id);
-        // And an interval run clears the mark at its start.
+        assert_eq!(range(fourth), (second.id, third.id));
+        end(&db, fourth).expect("end");
         let fifth = begin(&db, INTERVAL).expect("begin");
-        assert_eq!(fifth.safe_predecessor, 0);
-        assert!(fifth.id > fourth.id);
+        assert_eq!(
+            range(fifth),
+            (second.id, fourth.id),
+            "three clean runs in a row"
+        );
+        // An interval run that crashes breaks the chain.
+        let sixth = begin(&db, INTERVAL).expect("begin");
+        assert_eq!(range(sixth), (0, 0));
+        assert!(sixth.id > fifth.id);
+        end(&db, sixth).expect("end");
+        let seventh = begin(&db, INTERVAL).expect("begin");
+        assert_eq!(range(seventh), (sixth.id, sixth.id), "a new chain");
     }
 }

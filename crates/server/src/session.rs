@@ -80,10 +80,12 @@ pub fn run_local(state: &NodeState, s: &mut Session, cmd: Cmd, args: &[Bytes]) -
             _ => errors::wrong_args("ping"),
         },
         Cmd::Echo => Reply::Bulk(args[1].clone()),
-        Cmd::Runid => Reply::Array(vec![
-            Reply::Integer(i64::try_from(state.run.id).unwrap_or(i64::MAX)),
-            Reply::Integer(i64::try_from(state.run.safe_predecessor).unwrap_or(0)),
-        ]),
+        Cmd::Runid => Reply::Array(
+            [state.run.id, state.run.safe_from, state.run.safe_to]
+                .into_iter()
+                .map(|id| Reply::Integer(i64::try_from(id).unwrap_or(0)))
+                .collect(),
+        ),
         Cmd::Hello => hello(state, s, args),
         Cmd::Auth => {
             let (user, pass) = match args {
