@@ -19,6 +19,14 @@ use crate::ring::Ring;
 /// A node's replies with the run of the node that sent them (`runs.rs`).
 pub(crate) type RunReplies = (u64, Vec<Reply>);
 
+/// Per-node outcomes with the runs dropped.
+fn without_runs(results: Vec<(usize, Result<RunReplies>)>) -> Vec<(usize, Result<Vec<Reply>>)> {
+    results
+        .into_iter()
+        .map(|(node, r)| (node, r.map(|(_, replies)| replies)))
+        .collect()
+}
+
 /// Idle connections kept per node.
 const MAX_IDLE: usize = 64;
 /// A pooled connection idle this long is checked before use (see
@@ -195,10 +203,7 @@ impl Inner {
         &self,
         jobs: &[(usize, Vec<R>)],
     ) -> Vec<(usize, Result<Vec<Reply>>)> {
-        self.pipeline_all_runs(jobs)
-            .into_iter()
-            .map(|(node, r)| (node, r.map(|(_, replies)| replies)))
-            .collect()
+        without_runs(self.pipeline_all_runs(jobs))
     }
 
     /// [`Inner::pipeline_all`], each node's replies with the run of the
@@ -240,10 +245,7 @@ impl Inner {
         &self,
         jobs: &[(usize, Vec<R>)],
     ) -> Vec<(usize, Result<Vec<Reply>>)> {
-        self.pipeline_all_checked_runs(jobs)
-            .into_iter()
-            .map(|(node, r)| (node, r.map(|(_, replies)| replies)))
-            .collect()
+        without_runs(self.pipeline_all_checked_runs(jobs))
     }
 
     /// [`Inner::pipeline_all_checked`] with each node's run, as
