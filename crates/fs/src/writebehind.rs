@@ -129,7 +129,7 @@ impl WriteBehind {
         let target = s.queued;
         let seen = s.attempts;
         s.waiting += 1;
-        s.retry_now = s.failing.is_some();
+        s.retry_now |= s.failing.is_some();
         self.work.notify_one();
         let outcome = loop {
             let failed = s.lease_lost || s.failed_attempt > seen;
@@ -177,8 +177,7 @@ impl WriteBehind {
     /// Writes queued changes until [`WriteBehind::stop`] (after which it
     /// drains the queue and returns). While `may_write` says wait, changes
     /// wait; once it says never (the mount lost its lease) queued changes
-    /// are dropped, not written next to the
-    /// new owner's.
+    /// are dropped, not written next to the new owner's.
     pub(crate) fn run(&self, store: &dyn Store, may_write: impl Fn() -> Permit) {
         let mut last_logged: Option<(String, std::time::Instant)> = None;
         loop {
