@@ -52,6 +52,8 @@ pub(crate) struct Inner {
     client_id: u16,
     /// Copies written back by read repair (see `read.rs`).
     pub(crate) read_repairs: AtomicU64,
+    /// The losses [`Cluster::sync`] has reported (`runs.rs`).
+    pub(crate) losses_reported: Mutex<crate::runs::LossCursor>,
 }
 
 /// A client of a LightStore cluster. Cheap to share between threads
@@ -86,6 +88,7 @@ impl Cluster {
             clock: AtomicU64::new(0),
             client_id: crate::version::random_client_id(),
             read_repairs: AtomicU64::new(0),
+            losses_reported: Mutex::new(Default::default()),
         });
         let (stop, stopped) = mpsc::channel();
         let weak = Arc::downgrade(&inner);

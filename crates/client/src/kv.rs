@@ -79,15 +79,38 @@ impl Cluster {
     /// writes they took are also on replicas this syncs). A node that fails
     /// to sync fails the call, and so does one that restarted without a
     /// clean stop after it alone acknowledged writes not yet synced
-    /// ([`ClientError::LostWrites`], once; see `runs.rs`). So success means
-    /// every acknowledged write is durable on every replica that is up, and
-    /// every write only one replica took is durable there. (A write several
-    /// replicas took and lost together, every one of them restarting
-    /// without a clean stop before a sync, is not detected.)
+    /// ([`ClientError::LostWrites`], once per client: see
+    /// [`Cluster::sync_with`] for once per writer; `runs.rs`). So success
+    /// means every acknowledged write is durable on every replica that is
+    /// up, and every write only one replica took is durable there. (A write
+    /// several replicas took and lost together, every one of them
+    /// restarting without a clean stop before a sync, is not detected.)
     pub fn sync(&self) -> Result<()> {
+        let mut cursor = self.inner.losses_reported.lock().clone();
+        let outcome = self.sync_with(&mut cursor);
+        self.inner.losses_reported.lock().advance_to(&cursor);
+        outcome
+    }
+
+    /// A cursor over losses of acknowledged writes from now on: a writer
+    /// that syncs with it ([`Cluster::sync_with`]) is told of each later
+    /// loss once, whoever else was told.
+    pub fn loss_cursor(&self) -> crate::LossCursor {
+        crate::LossCursor::new(
+            self.inner
+                .nodes
+                .iter()
+                .map(|n| n.runs.lock().losses())
+                .collect(),
+        )
+    }
+
+    /// [`Cluster::sync`], reporting each loss `cursor` was not told of yet
+    /// (and then telling it).
+    pub fn sync_with(&self, cursor: &mut crate::LossCursor) -> Result<()> {
         let inner = &*self.inner;
         let nodes: Vec<usize> = (0..inner.nodes.len())
-            .filter(|&i| inner.is_up(i) || inner.nodes[i].runs.lock().owes_a_sync())
+            .filter(|&i| inner.is_up(i) || inner.nodes[i].runs.lock().unsynced() > 0)
             .collect();
         if nodes.is_empty() {
             return Err(ClientError::Unavailable(
@@ -103,25 +126,29 @@ impl Cluster {
             .map(|&node| (node, vec![[&b"FSYNC"[..]]]))
             .collect();
         let results = inner.pipeline_all_checked_runs(&reqs);
-        // Every node's outcome is recorded before the first error returns.
+        // Every node's outcome is recorded before an error returns.
         let mut first_error = None;
         for ((node, r), mark) in results.into_iter().zip(marks) {
-            let failure = match r {
-                Ok((run, _)) => {
-                    let mut runs = inner.nodes[node].runs.lock();
-                    runs.synced(mark, run);
-                    runs.take_lost().map(|why| ClientError::LostWrites {
-                        node: inner.nodes[node].addr.clone(),
-                        why,
-                    })
+            match r {
+                Ok((run, _)) => inner.nodes[node].runs.lock().synced(mark, run),
+                Err(e) => {
+                    first_error.get_or_insert(e);
                 }
-                Err(e) => Some(e),
-            };
-            if first_error.is_none() {
-                first_error = failure;
             }
         }
-        first_error.map_or(Ok(()), Err)
+        // Losses are reported whether or not their node answers now.
+        let mut first_loss = None;
+        for (i, node) in inner.nodes.iter().enumerate() {
+            let runs = node.runs.lock();
+            if let Some(why) = runs.loss_after(cursor.seen(i)) {
+                first_loss.get_or_insert_with(|| ClientError::LostWrites {
+                    node: node.addr.clone(),
+                    why: why.to_string(),
+                });
+            }
+            cursor.set(i, runs.losses());
+        }
+        first_loss.or(first_error).map_or(Ok(()), Err)
     }
 
     /// Reads `key` (see [`Cluster::mget`]).

@@ -6,8 +6,10 @@
 //! its device. If the node dies and restarts before a sync, the write is
 //! gone, and the `FSYNC` the new process answers covers only what the new
 //! process took. Like Linux's writeback errors (a failed writeback is
-//! reported by the next `fsync`), the next [`crate::Cluster::sync`] then
-//! fails, once, saying which node lost what it acknowledged.
+//! reported by the next `fsync` of each file open at the time), the next
+//! sync then fails, once per [`LossCursor`] (each volume an adapter serves
+//! keeps one; [`crate::Cluster::sync`] uses the client's own), saying which
+//! node lost what it acknowledged.
 //!
 //! Contract:
 //! - Each new connection asks `RUNID` (the run's id and the range of
@@ -19,7 +21,7 @@
 //!   not lost with one node (reads take the newest copy and repair).
 //! - A run newer than the one that acknowledged unsynced writes, whose
 //!   safe range does not hold that run, means those writes may be lost:
-//!   the next sync of the node reports it ([`RunLedger::take_lost`]).
+//!   the next sync of each cursor reports it ([`RunLedger::loss_after`]).
 //! - Writes that several replicas took are not tracked: a loss needs all of
 //!   them to restart uncleanly before a sync (a power cut of the whole
 //!   cluster under `interval`), which this does not detect.
@@ -36,9 +38,43 @@ pub(crate) struct RunLedger {
     /// ones a sync of `run` covered.
     acked: u64,
     synced: u64,
-    /// Why writes acknowledged by an earlier run may be lost, until a sync
-    /// reports it.
-    lost: Option<String>,
+    /// Losses seen so far (writes acknowledged by an earlier run that may
+    /// be gone), and why the last one.
+    losses: u64,
+    last_loss: String,
+}
+
+/// Which losses of each node a writer has been told of (like Linux's
+/// `errseq_t` sampled when a file is opened): a sync with it reports each
+/// later loss once. Nodes are in cluster order; missing ones count 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LossCursor(Vec<u64>);
+
+impl LossCursor {
+    pub(crate) fn new(seen: Vec<u64>) -> LossCursor {
+        LossCursor(seen)
+    }
+
+    /// Losses of node `i` already reported.
+    pub(crate) fn seen(&self, i: usize) -> u64 {
+        self.0.get(i).copied().unwrap_or(0)
+    }
+
+    /// Records that node `i`'s losses up to `n` were reported.
+    pub(crate) fn set(&mut self, i: usize, n: u64) {
+        if self.0.len() <= i {
+            self.0.resize(i + 1, 0);
+        }
+        self.0[i] = self.0[i].max(n);
+    }
+
+    /// Takes in what `other` has been told too (a writer that synced with
+    /// a copy of its cursor).
+    pub fn advance_to(&mut self, other: &LossCursor) {
+        for (i, &n) in other.0.iter().enumerate() {
+            self.set(i, n);
+        }
+    }
 }
 
 /// Where a sync of one node started: which run and how many of its writes
@@ -64,7 +100,7 @@ impl RunLedger {
         let earlier = self.run;
         self.safe = safe;
         if earlier != 0 && self.acked > self.synced && !self.vouched(earlier) {
-            self.lost = Some(format!(
+            self.note_loss(format!(
                 "restarted (run {} after {}) without a clean stop, after acknowledging {} \
                  write(s) not yet synced that no other replica took: they may be lost",
                 run,
@@ -87,7 +123,7 @@ impl RunLedger {
         } else if run < self.run && !self.vouched(run) {
             // Acknowledged by a run that had already died without a clean
             // stop (the reply was read late).
-            self.lost = Some(format!(
+            self.note_loss(format!(
                 "acknowledged {n} write(s) in run {run}, which ended without a clean stop \
                  before they were synced: they may be lost"
             ));
@@ -110,21 +146,24 @@ impl RunLedger {
         }
     }
 
-    /// Why writes of an earlier run may be lost, if they may; reported
-    /// once.
-    pub(crate) fn take_lost(&mut self) -> Option<String> {
-        self.lost.take()
+    fn note_loss(&mut self, why: String) {
+        self.losses += 1;
+        self.last_loss = why;
+    }
+
+    /// Losses seen so far.
+    pub(crate) fn losses(&self) -> u64 {
+        self.losses
+    }
+
+    /// Why writes may be lost, if a loss came after the first `seen`.
+    pub(crate) fn loss_after(&self, seen: u64) -> Option<&str> {
+        (self.losses > seen).then_some(self.last_loss.as_str())
     }
 
     /// Writes the current run acknowledged alone and no sync covered yet.
     pub(crate) fn unsynced(&self) -> u64 {
         self.acked - self.synced
-    }
-
-    /// Whether a sync must reach this node even while it is marked down:
-    /// it alone holds unsynced writes, or a loss waits to be reported.
-    pub(crate) fn owes_a_sync(&self) -> bool {
-        self.unsynced() > 0 || self.lost.is_some()
     }
 }
 
@@ -132,44 +171,68 @@ impl RunLedger {
 mod tests {
     use super::*;
 
-    /// A sync of `run` now: what it reports.
-    fn sync(l: &mut RunLedger, run: u64) -> Option<String> {
+    /// A sync of `run` now: what it reports to a writer that was told of
+    /// the ledger's first `seen` losses (then told of all).
+    fn sync(l: &mut RunLedger, seen: &mut u64, run: u64) -> Option<String> {
         let m = l.mark();
         l.synced(m, run);
-        l.take_lost()
+        let why = l.loss_after(*seen).map(str::to_string);
+        *seen = l.losses();
+        why
+    }
+
+    #[test]
+    fn each_writer_is_told_of_a_loss_once() {
+        let mut l = RunLedger::default();
+        l.connected(10, (0, 0));
+        l.acked_alone(10, 1);
+        let (mut a, mut b) = (0, 0);
+        l.connected(20, (0, 0));
+        assert!(sync(&mut l, &mut a, 20).is_some());
+        assert!(sync(&mut l, &mut a, 20).is_none(), "a was told");
+        assert!(sync(&mut l, &mut b, 20).is_some(), "b was not yet");
+        // A writer that starts after the loss is not told of it.
+        let mut c = l.losses();
+        assert!(sync(&mut l, &mut c, 20).is_none());
     }
 
     #[test]
     fn an_unclean_restart_after_unsynced_writes_fails_the_next_sync_once() {
         let mut l = RunLedger::default();
+        let mut seen = 0;
         l.connected(10, (0, 0));
         l.acked_alone(10, 3);
         assert_eq!(l.unsynced(), 3);
-        assert_eq!(sync(&mut l, 10), None);
+        assert_eq!(sync(&mut l, &mut seen, 10), None);
         assert_eq!(l.unsynced(), 0);
         l.acked_alone(10, 2);
         // The node restarts without a clean stop.
         l.connected(20, (0, 0));
-        let e = sync(&mut l, 20).expect("2 writes may be lost");
+        let e = sync(&mut l, &mut seen, 20).expect("2 writes may be lost");
         assert!(e.contains("2 write(s)"), "{e}");
-        assert_eq!(sync(&mut l, 20), None, "reported once");
+        assert_eq!(sync(&mut l, &mut seen, 20), None, "reported once");
     }
 
     #[test]
     fn synced_writes_a_clean_stop_and_an_older_connection_lose_nothing() {
         let mut l = RunLedger::default();
+        let mut seen = 0;
         l.connected(10, (0, 0));
         l.acked_alone(10, 3);
-        assert_eq!(sync(&mut l, 10), None);
+        assert_eq!(sync(&mut l, &mut seen, 10), None);
         l.connected(20, (0, 0));
-        assert_eq!(sync(&mut l, 20), None, "everything was synced");
+        assert_eq!(sync(&mut l, &mut seen, 20), None, "everything was synced");
         l.acked_alone(20, 1);
         l.connected(30, (20, 20));
-        assert_eq!(sync(&mut l, 30), None, "run 20 stopped cleanly");
+        assert_eq!(sync(&mut l, &mut seen, 30), None, "run 20 stopped cleanly");
         // A connection opened to run 20 before it stopped reports late.
         l.connected(20, (0, 0));
         l.acked_alone(20, 1);
-        assert_eq!(sync(&mut l, 30), None, "run 20 vouched for itself");
+        assert_eq!(
+            sync(&mut l, &mut seen, 30),
+            None,
+            "run 20 vouched for itself"
+        );
         // Writes acknowledged after the sync began stay unsynced.
         l.acked_alone(30, 1);
         let m = l.mark();
@@ -177,34 +240,45 @@ mod tests {
         l.synced(m, 30);
         assert_eq!(l.unsynced(), 1);
         l.connected(40, (0, 0));
-        assert!(sync(&mut l, 40).is_some(), "one write was not covered");
+        assert!(
+            sync(&mut l, &mut seen, 40).is_some(),
+            "one write was not covered"
+        );
     }
 
     #[test]
     fn clean_runs_the_client_never_saw_lose_nothing() {
         let mut l = RunLedger::default();
+        let mut seen = 0;
         l.connected(10, (0, 0));
         l.acked_alone(10, 2);
         // 10, 11 and 12 stopped cleanly; the client meets 13 only.
         l.connected(13, (10, 12));
-        assert_eq!(sync(&mut l, 13), None);
+        assert_eq!(sync(&mut l, &mut seen, 13), None);
         l.acked_alone(13, 1);
         // 13 crashed, 14 started unrecorded (a full device) and crashed:
         // 15 vouches for the chain ending at 13 only, not for 14.
         l.connected(14, (0, 0));
-        assert!(sync(&mut l, 14).is_some(), "13 crashed with a write");
+        assert!(
+            sync(&mut l, &mut seen, 14).is_some(),
+            "13 crashed with a write"
+        );
         l.acked_alone(14, 1);
         l.connected(15, (13, 13));
-        assert!(sync(&mut l, 15).is_some(), "14 is not vouched for");
+        assert!(
+            sync(&mut l, &mut seen, 15).is_some(),
+            "14 is not vouched for"
+        );
     }
 
     #[test]
     fn a_late_reply_from_a_dead_run_counts_as_lost() {
         let mut l = RunLedger::default();
+        let mut seen = 0;
         l.connected(10, (0, 0));
         l.connected(20, (0, 0));
         l.acked_alone(10, 1);
-        assert!(sync(&mut l, 20).is_some());
+        assert!(sync(&mut l, &mut seen, 20).is_some());
         // A sync answered by another run than it began with covers nothing.
         l.acked_alone(20, 1);
         let m = l.mark();
@@ -213,8 +287,9 @@ mod tests {
         assert_eq!(l.unsynced(), 0, "run 30 started over");
         // Untracked nodes (no RUNID) never fail a sync.
         let mut u = RunLedger::default();
+        let mut useen = 0;
         u.acked_alone(0, 5);
         u.connected(0, (0, 0));
-        assert_eq!(sync(&mut u, 0), None);
+        assert_eq!(sync(&mut u, &mut useen, 0), None);
     }
 }

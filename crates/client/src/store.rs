@@ -95,6 +95,19 @@ pub trait Store: Send + Sync {
     }
     /// Makes every write that returned so far durable.
     fn sync(&self) -> Result<()>;
+    /// A cursor over losses of acknowledged writes from now on (see
+    /// [`Store::sync_with`]).
+    fn loss_cursor(&self) -> crate::LossCursor {
+        crate::LossCursor::default()
+    }
+    /// [`Store::sync`], reporting each loss of acknowledged writes (a node
+    /// that restarted without a clean stop, `ClientError::LostWrites`) once
+    /// to each cursor rather than once to the whole client: a writer keeps
+    /// its own, as a Linux file does its writeback error.
+    fn sync_with(&self, cursor: &mut crate::LossCursor) -> Result<()> {
+        let _ = cursor;
+        self.sync()
+    }
     /// The value under `key` with the version it was written at (version
     /// 0 and no value: never written; a version and no value: deleted).
     fn get_versioned(&self, key: &[u8]) -> Result<Versioned>;
@@ -190,6 +203,12 @@ impl Store for Cluster {
     }
     fn sync(&self) -> Result<()> {
         Cluster::sync(self)
+    }
+    fn loss_cursor(&self) -> crate::LossCursor {
+        Cluster::loss_cursor(self)
+    }
+    fn sync_with(&self, cursor: &mut crate::LossCursor) -> Result<()> {
+        Cluster::sync_with(self, cursor)
     }
     fn capacity(&self) -> Result<Option<Capacity>> {
         Ok(Cluster::capacity(self))

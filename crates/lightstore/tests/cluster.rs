@@ -608,6 +608,8 @@ fn durable_batches_survive_a_kill_and_stale_connections_are_dropped() {
 fn a_sync_reports_writes_lost_with_a_restart() {
     let mut tc = TestCluster::start_with(1, &["--durability", "interval"]);
     let c = tc.client();
+    // A second writer on the same client (another volume, say).
+    let mut other = c.loss_cursor();
     c.set(b"a", b"1").expect("set");
     tc.kill(0);
     tc.restart(0);
@@ -618,6 +620,17 @@ fn a_sync_reports_writes_lost_with_a_restart() {
         "{err}"
     );
     c.sync().expect("reported once");
+    assert!(
+        matches!(
+            c.sync_with(&mut other),
+            Err(client::ClientError::LostWrites { .. })
+        ),
+        "each writer is told once"
+    );
+    c.sync_with(&mut other).expect("and only once");
+    let mut later = c.loss_cursor();
+    c.sync_with(&mut later)
+        .expect("a writer that came after the loss");
     // The node says so, and `cluster status` shows it.
     assert!(c.status()[0].unclean_restart);
     let out = lightstore(&["cluster", "--nodes", &tc.addrs[0], "status"]);

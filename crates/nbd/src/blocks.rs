@@ -57,6 +57,9 @@ pub struct Blocks {
     /// The serving lease's fence: while it does not hold, writes are
     /// refused (another adapter may be writing).
     fence: Option<Fence>,
+    /// The losses of acknowledged writes this volume's flushes have
+    /// reported (each volume is told of each loss once).
+    losses: Mutex<client::LossCursor>,
 }
 
 /// One write (`data`) or zeroing (`None`) of a batch.
@@ -98,6 +101,7 @@ impl Blocks {
     /// Block I/O on `vol`.
     pub fn new(store: Arc<dyn Store>, vol: Volume) -> Blocks {
         Blocks {
+            losses: Mutex::new(store.loss_cursor()),
             store,
             vol,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -228,7 +232,7 @@ impl Blocks {
             keep: false,
         }])?;
         if fua {
-            self.store.sync()?;
+            self.flush()?;
         }
         Ok(())
     }
@@ -246,7 +250,7 @@ impl Blocks {
             self.zero_listed(offset, len)?;
         }
         if fua {
-            self.store.sync()?;
+            self.flush()?;
         }
         Ok(())
     }
@@ -439,9 +443,13 @@ impl Blocks {
         Ok(())
     }
 
-    /// Makes every write that returned so far durable.
+    /// Makes every write that returned so far durable; fails once for
+    /// each loss of acknowledged writes this volume was not told of yet.
     pub fn flush(&self) -> Result<()> {
-        Ok(self.store.sync()?)
+        let mut cursor = self.losses.lock().clone();
+        let outcome = self.store.sync_with(&mut cursor);
+        self.losses.lock().advance_to(&cursor);
+        Ok(outcome?)
     }
 
     /// Allocation of `[offset, offset + len)` or of a part of it from
