@@ -51,17 +51,19 @@ pub(crate) struct RunLedger {
 pub struct LossCursor(Vec<u64>);
 
 impl LossCursor {
-    pub(crate) fn new(seen: Vec<u64>) -> LossCursor {
+    /// A cursor told of the first `seen[i]` losses of node `i` (for
+    /// `Store` implementations).
+    pub fn new(seen: Vec<u64>) -> LossCursor {
         LossCursor(seen)
     }
 
     /// Losses of node `i` already reported.
-    pub(crate) fn seen(&self, i: usize) -> u64 {
+    pub fn seen(&self, i: usize) -> u64 {
         self.0.get(i).copied().unwrap_or(0)
     }
 
     /// Records that node `i`'s losses up to `n` were reported.
-    pub(crate) fn set(&mut self, i: usize, n: u64) {
+    pub fn set(&mut self, i: usize, n: u64) {
         if self.0.len() <= i {
             self.0.resize(i + 1, 0);
         }

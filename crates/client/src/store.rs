@@ -250,6 +250,9 @@ pub struct MemStore {
     /// Writes still allowed before every write fails (a crash or an
     /// unreachable cluster halfway through a change); `None`: unlimited.
     writes_left: Mutex<Option<u64>>,
+    /// Losses of acknowledged writes modelled so far
+    /// ([`MemStore::lose_unsynced_writes`]).
+    losses: AtomicU64,
 }
 
 impl MemStore {
@@ -261,6 +264,14 @@ impl MemStore {
     /// Keys held now.
     pub fn len(&self) -> usize {
         self.map.lock().len()
+    }
+
+    /// Models a node that restarted without a clean stop after it alone
+    /// acknowledged writes not yet synced (the data itself stays: only
+    /// the report is modelled): every cursor's next `sync_with` fails
+    /// once.
+    pub fn lose_unsynced_writes(&self) {
+        self.losses.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether no key is held.
@@ -367,6 +378,21 @@ impl Store for MemStore {
     }
     fn sync(&self) -> Result<()> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn loss_cursor(&self) -> crate::LossCursor {
+        crate::LossCursor::new(vec![self.losses.load(Ordering::Relaxed)])
+    }
+    fn sync_with(&self, cursor: &mut crate::LossCursor) -> Result<()> {
+        self.sync()?;
+        let losses = self.losses.load(Ordering::Relaxed);
+        if losses > cursor.seen(0) {
+            cursor.set(0, losses);
+            return Err(crate::ClientError::LostWrites {
+                node: "memory".into(),
+                why: "injected: a node lost writes it had acknowledged".into(),
+            });
+        }
         Ok(())
     }
 }

@@ -66,6 +66,12 @@ pub struct FileSystem {
     /// the last is gone, so a write-back the kernel sends after close still
     /// finds its inode.
     pins: Mutex<HashMap<u64, u64>>,
+    /// Per file opened and still referenced, the losses of acknowledged
+    /// writes its `fsync` was told of (sampled when it was first opened):
+    /// like a Linux file's writeback error, each loss is reported once to
+    /// each file, so the file whose data was lost hears of it even if
+    /// another file's `fsync` came first.
+    losses_seen: Mutex<HashMap<u64, client::LossCursor>>,
     /// Per-file data locks, striped (see the module doc).
     data_locks: Vec<RwLock<()>>,
     /// Per-chunk locks of writes, striped.
@@ -226,6 +232,7 @@ impl FileSystem {
             dentries: Mutex::new(DentryCache::default()),
             inos: Mutex::new((0, 0)),
             pins: Mutex::new(HashMap::new()),
+            losses_seen: Mutex::new(HashMap::new()),
             data_locks: (0..DATA_STRIPES).map(|_| RwLock::new(())).collect(),
             chunk_locks: (0..CHUNK_STRIPES).map(|_| Mutex::new(())).collect(),
             reclaim_queue: Mutex::new(None),
@@ -471,16 +478,28 @@ impl FileSystem {
         Ok(self.store.sync()?)
     }
 
-    /// Makes `ino`'s data and attributes durable on its replicas.
+    /// Makes `ino`'s data and attributes durable on its replicas. Fails
+    /// once for each loss of acknowledged writes (a node that restarted
+    /// without a clean stop) since the file was opened.
     pub fn fsync(&self, ino: u64) -> Result<()> {
         self.flush_inode(ino)?;
         self.settle()?;
-        Ok(self.store.sync()?)
+        let seen = self.losses_seen.lock().get(&ino).cloned();
+        let mut cursor = seen.unwrap_or_else(|| self.store.loss_cursor());
+        let outcome = self.store.sync_with(&mut cursor);
+        if let Some(c) = self.losses_seen.lock().get_mut(&ino) {
+            c.advance_to(&cursor);
+        }
+        Ok(outcome?)
     }
 
-    /// `ino` was opened.
+    /// `ino` was opened (or created open).
     pub fn opened(&self, ino: u64) {
         self.pin(ino, 1);
+        if !self.losses_seen.lock().contains_key(&ino) {
+            let now = self.store.loss_cursor();
+            self.losses_seen.lock().entry(ino).or_insert(now);
+        }
     }
 
     /// `n` more references to `ino` (the kernel looked it up).
@@ -500,6 +519,7 @@ impl FileSystem {
                 }
                 Some(_) => {
                     pins.remove(&ino);
+                    self.losses_seen.lock().remove(&ino);
                     true
                 }
                 None => false,
@@ -522,6 +542,7 @@ impl FileSystem {
     /// and reclaims the unlinked files.
     pub fn unmounted(&self) -> Result<usize> {
         self.pins.lock().clear();
+        self.losses_seen.lock().clear();
         self.reclaim_orphans()
     }
 

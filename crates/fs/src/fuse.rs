@@ -802,7 +802,8 @@ impl Filesystem for FuseFs {
         match self.make(req, parent, name, new) {
             Ok(i) => {
                 // A lookup reference and an open handle.
-                self.fs.pin(i.ino, 2);
+                self.fs.pin(i.ino, 1);
+                self.fs.opened(i.ino);
                 reply.created(
                     &TTL,
                     &self.attr(&i),

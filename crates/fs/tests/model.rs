@@ -750,3 +750,30 @@ proptest! {
         prop_assert!(fs.read(ino, end, 10_000).expect("read").iter().all(|&b| b == 0));
     }
 }
+
+/// A loss of acknowledged writes (a node that restarted without a clean
+/// stop) is reported once to each file open at the time, at its next
+/// `fsync`, as Linux reports a writeback error to each file: the file
+/// whose data was lost hears of it even if another file synced first, and
+/// a file opened afterwards does not.
+#[test]
+fn each_open_file_hears_of_a_loss_once_at_fsync() {
+    let (store, fs, _) = new_fs(4096);
+    let a = fs.make(ME, ROOT, b"a", node(Kind::File)).expect("create");
+    let b = fs.make(ME, ROOT, b"b", node(Kind::File)).expect("create");
+    fs.opened(a.ino);
+    fs.opened(b.ino);
+    fs.write(a.ino, 0, b"data").expect("write");
+    store.lose_unsynced_writes();
+    assert!(fs.fsync(b.ino).is_err(), "b hears of it");
+    assert!(fs.fsync(a.ino).is_err(), "and so does a");
+    fs.fsync(a.ino).expect("once");
+    fs.fsync(b.ino).expect("once");
+    let c = fs.make(ME, ROOT, b"c", node(Kind::File)).expect("create");
+    fs.opened(c.ino);
+    fs.fsync(c.ino).expect("opened after the loss");
+    // Closed and opened again after the loss: not told again either.
+    fs.released(a.ino).expect("release");
+    fs.opened(a.ino);
+    fs.fsync(a.ino).expect("reopened");
+}

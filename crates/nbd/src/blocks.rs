@@ -821,6 +821,21 @@ mod tests {
     }
 
     #[test]
+    fn each_volume_hears_of_a_loss_once_at_its_next_flush() {
+        let (store, a) = blocks(1 << 20, 4096);
+        let other = volume::create(&*store, "u", 1 << 20, 4096).expect("create");
+        let b = Blocks::new(store.clone(), other);
+        store.lose_unsynced_writes();
+        assert!(a.flush().is_err(), "a hears of it");
+        assert!(
+            b.write(0, &[1; 10], true).is_err(),
+            "so does b, at a FUA write"
+        );
+        a.flush().expect("once");
+        b.flush().expect("once");
+    }
+
+    #[test]
     fn fua_and_flush_sync_the_store() {
         let (store, b) = blocks(1 << 20, 4096);
         let syncs = || store.syncs.load(std::sync::atomic::Ordering::Relaxed);
