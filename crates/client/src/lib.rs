@@ -5,7 +5,8 @@
 //! reads from every replica that is up with the newest copy winning and
 //! read repair (see `read.rs`), failover, down-node detection with background retry, batches
 //! split per node and sent in parallel, ordered range reads merged across
-//! nodes, anti-entropy repair and cluster status, compare-and-set on one key (`cas.rs`), [`lease`]s for one holder at a time; [`Store`] is what the
+//! nodes, anti-entropy repair and cluster status, compare-and-set on one key (`cas.rs`), [`lease`]s for one holder at a time,
+//! syncs that report writes a node lost by restarting (node runs, per-writer [`LossCursor`]s: `runs.rs`); [`Store`] is what the
 //! adapters build on, with an in-memory model ([`MemStore`]) for their tests. It talks RESP to nodes over
 //! pooled, timed-out TCP connections and knows nothing of the engine.
 
