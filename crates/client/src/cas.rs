@@ -105,7 +105,7 @@ impl Inner {
             }
         }
         // Taken where acknowledged, even if another replica refused it.
-        self.note_runs(std::slice::from_ref(&state), &runs, &Default::default());
+        self.note_acked_alone(std::slice::from_ref(&state), &runs);
         if conflict {
             return Ok(None);
         }

@@ -53,7 +53,7 @@ pub(crate) struct Inner {
     /// Copies written back by read repair (see `read.rs`).
     pub(crate) read_repairs: AtomicU64,
     /// The losses [`Cluster::sync`] has reported (`runs.rs`).
-    pub(crate) losses_reported: Mutex<crate::runs::LossCursor>,
+    pub(crate) losses_reported: crate::runs::WriterLosses,
 }
 
 /// A client of a LightStore cluster. Cheap to share between threads
@@ -88,7 +88,7 @@ impl Cluster {
             clock: AtomicU64::new(0),
             client_id: crate::version::random_client_id(),
             read_repairs: AtomicU64::new(0),
-            losses_reported: Mutex::new(Default::default()),
+            losses_reported: Default::default(),
         });
         let (stop, stopped) = mpsc::channel();
         let weak = Arc::downgrade(&inner);

@@ -63,7 +63,8 @@ pub enum ClientError {
     },
     /// A node restarted without a clean stop after it acknowledged writes
     /// that were not yet durable and that no other replica took (see
-    /// `runs.rs`): they may be lost. Reported once, by the next sync.
+    /// `runs.rs`): they may be lost. Reported once to each writer, by its
+    /// next sync ([`crate::LossCursor`]).
     #[error("node {node}: {why}")]
     LostWrites {
         /// The node's address.

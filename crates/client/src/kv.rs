@@ -86,10 +86,7 @@ impl Cluster {
     /// several replicas took and lost together, every one of them
     /// restarting without a clean stop before a sync, is not detected.)
     pub fn sync(&self) -> Result<()> {
-        let mut cursor = self.inner.losses_reported.lock().clone();
-        let outcome = self.sync_with(&mut cursor);
-        self.inner.losses_reported.lock().advance_to(&cursor);
-        outcome
+        self.inner.losses_reported.sync(|c| self.sync_with(c))
     }
 
     /// A cursor over losses of acknowledged writes from now on: a writer
@@ -302,31 +299,31 @@ impl Inner {
             }
         }
         self.record_hints(&entries, &version_text, &state);
-        self.note_runs(&state, &runs, &marks);
+        match durable {
+            Durable::Now => self.note_synced(&runs, &marks),
+            Durable::AsConfigured => self.note_acked_alone(&state, &runs),
+        }
         state
             .into_iter()
             .zip(replica_counts)
             .try_for_each(|(s, replicas)| self.quorum_met(s, replicas))
     }
 
-    /// Tells each node's run ledger (`runs.rs`) what a write did there:
-    /// the writes it acknowledged as their only replica (those a restart of
-    /// the node before a sync would lose), or, for a durable write (`marks`
-    /// where its FSYNC started), that everything before is synced.
-    pub(crate) fn note_runs(
-        &self,
-        state: &[KeyWrite],
-        runs: &BTreeMap<usize, u64>,
-        marks: &BTreeMap<usize, SyncMark>,
-    ) {
-        if !marks.is_empty() {
-            for (node, run) in runs {
-                if let Some(&mark) = marks.get(node) {
-                    self.nodes[*node].runs.lock().synced(mark, *run);
-                }
+    /// Tells each node's run ledger (`runs.rs`) that its run `runs[node]`
+    /// synced what it held when its `marks[node]` was taken (the FSYNC
+    /// after a durable write).
+    fn note_synced(&self, runs: &BTreeMap<usize, u64>, marks: &BTreeMap<usize, SyncMark>) {
+        for (node, run) in runs {
+            if let Some(&mark) = marks.get(node) {
+                self.nodes[*node].runs.lock().synced(mark, *run);
             }
-            return;
         }
+    }
+
+    /// Tells each node's run ledger (`runs.rs`) how many of the writes in
+    /// `state` its run `runs[node]` acknowledged as their only replica:
+    /// those a restart of the node before a sync would lose.
+    pub(crate) fn note_acked_alone(&self, state: &[KeyWrite], runs: &BTreeMap<usize, u64>) {
         let mut alone: BTreeMap<usize, u64> = BTreeMap::new();
         for s in state {
             if let [node] = s.acked_by[..] {

@@ -37,6 +37,6 @@ pub use conn::Conn;
 pub use error::{ClientError, Result};
 pub use protocol::versioned::Versioned;
 pub use repair::RepairReport;
-pub use runs::LossCursor;
+pub use runs::{LossCursor, WriterLosses};
 pub use status::NodeStatus;
 pub use store::{Capacity, MemStore, Store, StoredKeys, WriteOp};

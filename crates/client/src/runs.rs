@@ -72,10 +72,38 @@ impl LossCursor {
 
     /// Takes in what `other` has been told too (a writer that synced with
     /// a copy of its cursor).
-    pub fn advance_to(&mut self, other: &LossCursor) {
+    fn advance_to(&mut self, other: &LossCursor) {
         for (i, &n) in other.0.iter().enumerate() {
             self.set(i, n);
         }
+    }
+}
+
+/// A writer's [`LossCursor`] shared by the threads that sync for it (the
+/// connections of one volume, the handles of one file): each sync works on
+/// a copy, so none waits for another's device sync, and what it was told
+/// is merged back. Two syncs at once may both report one loss; none is
+/// missed.
+#[derive(Debug, Default)]
+pub struct WriterLosses(parking_lot::Mutex<LossCursor>);
+
+impl WriterLosses {
+    /// A writer told of the losses `seen` already (from
+    /// `Store::loss_cursor`: those before it started).
+    pub fn new(seen: LossCursor) -> WriterLosses {
+        WriterLosses(parking_lot::Mutex::new(seen))
+    }
+
+    /// Runs `sync_with` (a `Store::sync_with`) on a copy of the cursor
+    /// and keeps what it was told.
+    pub fn sync(
+        &self,
+        sync_with: impl FnOnce(&mut LossCursor) -> crate::Result<()>,
+    ) -> crate::Result<()> {
+        let mut cursor = self.0.lock().clone();
+        let outcome = sync_with(&mut cursor);
+        self.0.lock().advance_to(&cursor);
+        outcome
     }
 }
 
@@ -101,13 +129,13 @@ impl RunLedger {
         }
         let earlier = self.run;
         self.safe = safe;
-        if earlier != 0 && self.acked > self.synced && !self.vouched(earlier) {
+        if earlier != 0 && self.unsynced() > 0 && !self.vouched(earlier) {
             self.note_loss(format!(
                 "restarted (run {} after {}) without a clean stop, after acknowledging {} \
                  write(s) not yet synced that no other replica took: they may be lost",
                 run,
                 earlier,
-                self.acked - self.synced
+                self.unsynced()
             ));
         }
         self.run = run;

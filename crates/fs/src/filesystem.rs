@@ -71,7 +71,7 @@ pub struct FileSystem {
     /// like a Linux file's writeback error, each loss is reported once to
     /// each file, so the file whose data was lost hears of it even if
     /// another file's `fsync` came first.
-    losses_seen: Mutex<HashMap<u64, client::LossCursor>>,
+    losses_seen: Mutex<HashMap<u64, Arc<client::WriterLosses>>>,
     /// Per-file data locks, striped (see the module doc).
     data_locks: Vec<RwLock<()>>,
     /// Per-chunk locks of writes, striped.
@@ -484,22 +484,24 @@ impl FileSystem {
     pub fn fsync(&self, ino: u64) -> Result<()> {
         self.flush_inode(ino)?;
         self.settle()?;
-        let seen = self.losses_seen.lock().get(&ino).cloned();
-        let mut cursor = seen.unwrap_or_else(|| self.store.loss_cursor());
-        let outcome = self.store.sync_with(&mut cursor);
-        if let Some(c) = self.losses_seen.lock().get_mut(&ino) {
-            c.advance_to(&cursor);
-        }
-        Ok(outcome?)
+        let losses = self.losses_seen.lock().get(&ino).cloned();
+        let losses = losses.unwrap_or_else(|| Arc::new(self.writer_losses()));
+        Ok(losses.sync(|c| self.store.sync_with(c))?)
     }
 
     /// `ino` was opened (or created open).
     pub fn opened(&self, ino: u64) {
         self.pin(ino, 1);
         if !self.losses_seen.lock().contains_key(&ino) {
-            let now = self.store.loss_cursor();
+            let now = Arc::new(self.writer_losses());
             self.losses_seen.lock().entry(ino).or_insert(now);
         }
+    }
+
+    /// A writer told of every loss so far (the store is not asked under
+    /// the map's lock).
+    fn writer_losses(&self) -> client::WriterLosses {
+        client::WriterLosses::new(self.store.loss_cursor())
     }
 
     /// `n` more references to `ino` (the kernel looked it up).

@@ -181,11 +181,7 @@ pub fn run_fs(args: FsArgs) -> Result<(), Box<dyn std::error::Error>> {
             let chunks = report
                 .chunks
                 .map_or(String::new(), |c| format!(", {c} chunks"));
-            let repaired = if repair {
-                format!(" ({} deleted)", report.repaired)
-            } else {
-                String::new()
-            };
+            let repaired = crate::deleted_note(repair, report.repaired);
             crate::print_check(
                 &report.findings,
                 &format!(

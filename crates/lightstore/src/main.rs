@@ -90,6 +90,16 @@ fn keep_freed_memory_a_second() {
 /// Ends `fs check` and `volume check`: prints each problem, then the
 /// summary line; an error (exit status 1) saying `{failure}N problems` if
 /// there was any.
+/// The note a `check --repair` adds to its summary: how many leaked chunks
+/// it deleted (nothing without `--repair`).
+pub(crate) fn deleted_note(repair: bool, deleted: u64) -> String {
+    if repair {
+        format!(" ({deleted} deleted)")
+    } else {
+        String::new()
+    }
+}
+
 pub(crate) fn print_check(
     findings: &client::findings::Findings,
     summary: &str,

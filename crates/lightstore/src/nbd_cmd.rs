@@ -142,11 +142,7 @@ pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
                 nbd::check::Repair::Nothing
             };
             let r = nbd::check::check(store, mode)?;
-            let deleted = if repair {
-                format!(" ({} deleted)", r.repaired)
-            } else {
-                String::new()
-            };
+            let deleted = crate::deleted_note(repair, r.repaired);
             crate::print_check(
                 &r.findings,
                 &format!(

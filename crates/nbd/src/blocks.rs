@@ -59,7 +59,7 @@ pub struct Blocks {
     fence: Option<Fence>,
     /// The losses of acknowledged writes this volume's flushes have
     /// reported (each volume is told of each loss once).
-    losses: Mutex<client::LossCursor>,
+    losses: client::WriterLosses,
 }
 
 /// One write (`data`) or zeroing (`None`) of a batch.
@@ -101,7 +101,7 @@ impl Blocks {
     /// Block I/O on `vol`.
     pub fn new(store: Arc<dyn Store>, vol: Volume) -> Blocks {
         Blocks {
-            losses: Mutex::new(store.loss_cursor()),
+            losses: client::WriterLosses::new(store.loss_cursor()),
             store,
             vol,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -446,10 +446,7 @@ impl Blocks {
     /// Makes every write that returned so far durable; fails once for
     /// each loss of acknowledged writes this volume was not told of yet.
     pub fn flush(&self) -> Result<()> {
-        let mut cursor = self.losses.lock().clone();
-        let outcome = self.store.sync_with(&mut cursor);
-        self.losses.lock().advance_to(&cursor);
-        Ok(outcome?)
+        Ok(self.losses.sync(|c| self.store.sync_with(c))?)
     }
 
     /// Allocation of `[offset, offset + len)` or of a part of it from
