@@ -683,10 +683,12 @@ impl DbInner {
         let deadline = std::time::Instant::now() + NOSPACE_WAIT;
         loop {
             match append() {
-                Err(Error::NoSpace)
-                    if self.opts.background
+                Err(e)
+                    if self.out_of_segments(&e, deletes)
+                        && self.opts.background
                         && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
-                            || (deletes && self.unmerged_deletes_may_free()))
+                            || (deletes && self.unmerged_deletes_may_free())
+                            || self.flash.stats().segments_pending_free > 0)
                         && std::time::Instant::now() < deadline
                         && !self.signal.stopping()
                         && self.bg_error.lock().is_none() =>
@@ -700,6 +702,22 @@ impl DbInner {
         }
     }
 
+    /// True for an append that found too few free segments and may wait
+    /// for maintenance to free some: the device's (`NoSpace`), or, for
+    /// deletes while the host file system is full, the backed ones
+    /// (`HostFull` from the allocation). Other writes on a full host fail
+    /// at once: what GC frees goes to the reserve first. Never for a log
+    /// stalled on a chunk write, which only host room ends.
+    fn out_of_segments(&self, e: &Error, deletes: bool) -> bool {
+        match e {
+            Error::NoSpace => true,
+            Error::HostFull(_) => {
+                deletes && self.flash.host_full() && self.vlog.stalled().is_none()
+            }
+            _ => false,
+        }
+    }
+
     /// Whether deletes and overwrites may still release values for GC once
     /// maintenance flushes and merges what it holds (see
     /// [`Self::retry_while_gc_can_free`]).
@@ -708,10 +726,12 @@ impl DbInner {
         !sv.mem.is_empty() || sv.imm.is_some() || sv.version.runs > 0
     }
 
-    /// Whether `free` segments is low: writes then yield time to GC, and GC
-    /// accepts smaller gains.
+    /// Whether `free` segments is low, or the host file system is full
+    /// (then only its backed segments can be written, and what GC frees
+    /// gives it room back): writes then yield time to GC, maintenance
+    /// flushes what deletes left in memory, and GC accepts smaller gains.
     pub(crate) fn low_on_free(&self, free: u32) -> bool {
-        free <= self.opts.reserved_segments + 2
+        free <= self.opts.reserved_segments + 2 || self.flash.host_full()
     }
 
     /// [`Self::low_on_free`] for the free count maintenance last saw (cheap
@@ -1124,13 +1144,16 @@ impl DbInner {
             },
             segments_total: fstats.segments_total,
             segments_free: fstats.segments_free,
+            segments_backed: fstats.segments_backed,
             segment_bytes: self.flash.geometry().segment_bytes(),
             segments_log: segs.len() as u32,
             write_throttle_micros: Counters::get(&self.counters.write_throttle_micros),
             checkpoints: Counters::get(&self.counters.checkpoints),
             erase_count_max: fstats.erase_count_max,
             last_seq: self.visible_seq.load(Ordering::Acquire),
-            host_full: self.vlog.stalled().is_some() || self.boot_checkpoint.lock().is_some(),
+            host_full: self.vlog.stalled().is_some()
+                || self.boot_checkpoint.lock().is_some()
+                || fstats.host_full,
             device_failed: self.vlog.failure(),
         }
     }

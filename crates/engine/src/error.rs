@@ -12,11 +12,16 @@ pub enum Error {
     #[error("NOSPACE: the device is full (delete data and let GC reclaim space)")]
     NoSpace,
     /// The file system holding the device file is full (or over quota).
-    /// Reads keep working and nothing acknowledged is lost; writes fail until
-    /// space is freed there, then resume without a restart. A write that
-    /// failed this way after its records were appended (under `sync`
-    /// durability, waiting for the device) may still become durable then.
-    #[error("NOSPACE: {0} (writes resume by themselves once space is freed there)")]
+    /// Reads keep working, deletes are accepted (into segments the host
+    /// file system keeps for them) and nothing acknowledged is lost; writes
+    /// fail until space is freed there, by other files or by GC after
+    /// deletes, then resume without a restart. A write that failed this way
+    /// after its records were appended (under `sync` durability, waiting
+    /// for the device) may still become durable then.
+    #[error(
+        "NOSPACE: {0} (deletes still work; writes resume by themselves once space is freed \
+         there or deletes let GC return some)"
+    )]
     HostFull(String),
     /// A key is empty or longer than the configured maximum.
     #[error("invalid key length {len} (allowed 1..={max} bytes)")]

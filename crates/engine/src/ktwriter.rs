@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use flash::{AlignedBuf, FlashStore, SegmentId};
+use flash::{AlignedBuf, FlashStore, Purpose, SegmentId};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
@@ -78,9 +78,10 @@ impl KeytableWriter {
 
     /// Appends whole pages (`bytes.len()` a multiple of `page`) to the
     /// current keytable segment in one device write, opening a new segment
-    /// when they do not fit; `Error::NoSpace` if that would leave fewer
-    /// than [`Self::keep_free`] free segments. Returns the segment and the
-    /// first page written.
+    /// when they do not fit; `Error::NoSpace` (`HostFull` while the host
+    /// file system is full) if that would leave fewer than
+    /// [`Self::keep_free`] free segments. Returns the segment and the first
+    /// page written.
     pub(crate) fn place(
         &mut self,
         flash: &FlashStore,
@@ -101,10 +102,8 @@ impl KeytableWriter {
             .as_ref()
             .is_some_and(|(_, next)| next + pages <= seg_pages);
         if !fits {
-            if flash.free_segments() <= self.keep_free {
-                return Err(Error::NoSpace);
-            }
-            let (seg, _) = flash.allocate(SEGMENT_KIND_KEYTABLE)?;
+            let (seg, _) =
+                flash.allocate_for(Purpose::MakesRoom, SEGMENT_KIND_KEYTABLE, self.keep_free)?;
             self.seg = Some((SegmentRef::new(seg, release_queue.clone()), 0));
         }
         let mut staging = match self.staging.take() {

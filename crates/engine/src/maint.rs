@@ -107,6 +107,10 @@ impl DbInner {
             if self.signal.stopping() {
                 break;
             }
+            if self.flash.host_full() {
+                // Has the host room again? (Backing a segment ends it.)
+                let _ = self.flash.replenish();
+            }
             let mut round = self.maintenance();
             if round.is_ok() && quiet.merge_due(self, self.opts.idle_merge_after) {
                 round = self.merge_leftover_runs();

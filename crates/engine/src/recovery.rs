@@ -49,6 +49,15 @@ fn format_options(device: &dyn Device, opts: &Options) -> FormatOptions {
     }
 }
 
+/// Free segments kept backed by the host file system: the reserve that
+/// deletes and GC may use (`reserved_segments`), one for the flush of what
+/// user writes appended, and two for the compactions that turn deletes
+/// into garbage GC can reclaim (fewer left deletes waiting for room that
+/// compactions had taken, in `a_host_filled_by_other_files_...`).
+fn backed_reserve(opts: &Options) -> u32 {
+    opts.reserved_segments + 3
+}
+
 fn validate(opts: &mut Options, seg_bytes: u64, page: usize) -> Result<()> {
     if opts.max_key_size == 0 || opts.max_key_size > 8 * 1024 {
         return Err(Error::InvalidOptions(
@@ -175,6 +184,17 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
         }
     }
 
+    // Keep the segments that deletes, GC and flushes may need backed by the
+    // host file system (see flash's `keep_backed`): when other files fill
+    // it, they still have room. Only after every written segment is
+    // claimed, since backing erases.
+    match flash.keep_backed(backed_reserve(&opts)) {
+        Ok(()) => {}
+        Err(e) if e.is_host_full() => {
+            tracing::warn!(error = %e, "open: the host file system has no room for the reserve segments");
+        }
+        Err(e) => return Err(e.into()),
+    }
     let vlog = ValueLog::open(
         flash.clone(),
         segs,

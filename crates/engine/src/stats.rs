@@ -87,6 +87,9 @@ pub struct Stats {
     pub segments_total: u32,
     /// Free segments.
     pub segments_free: u32,
+    /// Free segments whose blocks are allocated on the host file system:
+    /// the room deletes, GC and flushes keep when other files fill it.
+    pub segments_backed: u32,
     /// Bytes per segment.
     pub segment_bytes: u64,
     /// Value-log segments in use.

@@ -30,7 +30,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use flash::{
-    AlignedBuf, DirectRead, FlashStore, SegmentId, MAX_MERGED_READ, MAX_READ_GAP, READ_ALIGN,
+    AlignedBuf, DirectRead, FlashStore, Purpose, SegmentId, MAX_MERGED_READ, MAX_READ_GAP,
+    READ_ALIGN,
 };
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -253,7 +254,9 @@ impl ValueLog {
         };
         {
             let mut inner = log.inner.lock();
-            let (seg, gen) = log.flash.allocate(SEGMENT_KIND_LOG)?;
+            // On a full host the store still opens, for reads: the log's
+            // first writes then wait for room (see `write_pending`).
+            let (seg, gen) = log.flash.allocate_sparse(SEGMENT_KIND_LOG)?;
             log.start_segment(&mut inner, seg, gen);
         }
         Ok(log)
@@ -271,10 +274,15 @@ impl ValueLog {
             Reserve::Internal => 1,
             Reserve::InternalLast => 0,
         };
-        if self.flash.free_segments() <= keep {
-            return Err(Error::NoSpace);
-        }
-        Ok(self.flash.allocate(SEGMENT_KIND_LOG)?)
+        // While the host file system is full, the segments it still backs
+        // are for the work that makes room (deletes, GC), not for new data.
+        let purpose = if reserve == Reserve::User {
+            Purpose::NewData
+        } else {
+            Purpose::MakesRoom
+        };
+        // `NoSpace`, or `HostFull` while the host is full.
+        Ok(self.flash.allocate_for(purpose, SEGMENT_KIND_LOG, keep)?)
     }
 
     /// Opens `seg` as the current segment and writes its header record.

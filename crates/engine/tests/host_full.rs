@@ -2,7 +2,11 @@
 //! NAND device's host-space limit): writes fail with `HostFull`, reads keep
 //! working, nothing acknowledged is lost across power cuts, a store opens
 //! while the host is full, and writes resume by themselves once there is
-//! room again.
+//! room again. Where the host can reserve blocks (`fallocate`, the
+//! default), segments in use and a reserve of free ones are backed, so
+//! deletes and GC still work on a host that other files filled, and give
+//! it room back; where it cannot (`set_fallocate(false)`), chunk writes
+//! find the host full and wait in memory.
 
 mod common;
 
@@ -36,9 +40,92 @@ fn get(db: &Db, k: u32) -> Option<Vec<u8>> {
         .map(|v| v.to_vec())
 }
 
+/// A device on a host that cannot reserve blocks: its segments are sparse
+/// even in use.
+fn nand_without_fallocate(mib: u64, loss: LossMode) -> std::sync::Arc<engine::flash::NandDevice> {
+    let dev = nand(mib, loss);
+    dev.set_fallocate(false);
+    dev
+}
+
+/// Other files fill the host file system: writes are refused at the next
+/// segment, but nothing acknowledged waits for room (a sync succeeds),
+/// reads go on, deletes are accepted, and GC of what they freed gives the
+/// host room back, after which writes resume by themselves, without a
+/// restart. Under `interval` and `sync` durability; a power cut at the
+/// end loses nothing acknowledged.
+#[test]
+fn a_host_filled_by_other_files_leaves_room_for_deletes_and_gc() {
+    for durability in [
+        Durability::Interval(Duration::from_millis(5)),
+        Durability::Sync,
+    ] {
+        let dev = nand(16, LossMode::AllUnsynced);
+        let opts = background_opts(durability);
+        let db = open(&dev, &opts);
+        let mut acked = 0;
+        for k in 0..600 {
+            db.put(&key(k), &value_for(k, 1, 2000)).expect("put");
+            acked += 1;
+        }
+        db.sync().expect("sync");
+        // Other files take every block the device file does not hold yet.
+        dev.set_host_space(Some(dev.host_space_used()));
+        let err = loop {
+            match db.put(&key(acked), &value_for(acked, 1, 2000)) {
+                Ok(()) => acked += 1,
+                Err(e) => break e,
+            }
+            assert!(acked < 10_000, "{durability:?}: the host never filled");
+        };
+        assert!(
+            matches!(err, Error::HostFull(_)),
+            "{durability:?}: got {err}"
+        );
+        assert!(err.to_string().starts_with("NOSPACE"), "{err}");
+        assert!(db.stats().host_full);
+        db.sync().expect("nothing acknowledged waits for host room");
+        for k in (0..acked).step_by(7) {
+            assert_eq!(get(&db, k), Some(value_for(k, 1, 2000)), "key {k}");
+        }
+        for k in (0..acked).filter(|k| k % 4 != 0) {
+            if let Err(e) = db.delete(&key(k)) {
+                panic!(
+                    "{durability:?}: delete {k} on a full host: {e}; {:?}",
+                    db.stats()
+                );
+            }
+        }
+        // More than a few segments of new data: each new segment needs
+        // host room, which only GC's trims give back.
+        put_when_room(&db, b"after", b"deletes");
+        for k in 0..200 {
+            put_when_room(&db, &key(100_000 + k), &value_for(k, 2, 2000));
+        }
+        assert!(!db.stats().host_full, "{:?}", db.stats());
+        assert!(db.stats().gc_segments_reclaimed > 0);
+        db.sync().expect("sync");
+        crash(&dev, db, 7);
+        let db = open(&dev, &opts);
+        for k in 0..acked {
+            let want = (k % 4 == 0).then(|| value_for(k, 1, 2000));
+            assert_eq!(get(&db, k), want, "{durability:?}: key {k}");
+        }
+        assert_eq!(get_raw(&db, b"after"), Some(b"deletes".to_vec()));
+        for k in 0..200 {
+            assert_eq!(get(&db, 100_000 + k), Some(value_for(k, 2, 2000)));
+        }
+        db.close().expect("close");
+    }
+}
+
+fn get_raw(db: &Db, k: &[u8]) -> Option<Vec<u8>> {
+    db.get(k).expect("get").map(|v| v.to_vec())
+}
+
 #[test]
 fn writes_stop_when_the_host_fills_and_resume_when_it_has_room() {
-    let dev = nand(16, LossMode::AllUnsynced);
+    let dev = nand_without_fallocate(16, LossMode::AllUnsynced);
     let opts = background_opts(Durability::Interval(Duration::from_millis(5)));
     let db = open(&dev, &opts);
     for k in 0..100 {
@@ -88,7 +175,7 @@ fn writes_stop_when_the_host_fills_and_resume_when_it_has_room() {
 
 #[test]
 fn a_store_opens_on_a_full_host_serves_reads_and_takes_writes_once_there_is_room() {
-    let dev = nand(16, LossMode::AllUnsynced);
+    let dev = nand_without_fallocate(16, LossMode::AllUnsynced);
     let opts = background_opts(Durability::Sync);
     let db = open(&dev, &opts);
     for k in 0..300 {
@@ -167,14 +254,16 @@ fn check_all(db: &Db, model: &BTreeMap<u32, Allowed>, keys: u32, what: &str) {
 #[test]
 fn random_operations_with_a_filling_host_and_power_cuts_lose_nothing_acknowledged() {
     for seed in 0..8u64 {
-        host_full_model(seed, 1500);
+        host_full_model(seed, 1500, true);
+        host_full_model(seed, 1500, false);
     }
 }
 
-fn host_full_model(seed: u64, ops: usize) {
+fn host_full_model(seed: u64, ops: usize, fallocate: bool) {
     const KEYS: u32 = 150;
     let mut rng = SmallRng::seed_from_u64(seed);
     let dev = nand(16, LossMode::RandomUnsynced);
+    dev.set_fallocate(fallocate);
     let opts = background_opts(Durability::Sync);
     let mut db = open(&dev, &opts);
     let mut model: BTreeMap<u32, Allowed> = BTreeMap::new();
@@ -254,7 +343,7 @@ fn close_on_a_full_host_reports_lost_interval_writes_and_succeeds_under_sync() {
         Durability::Interval(Duration::from_secs(60)),
         Durability::Sync,
     ] {
-        let dev = nand(16, LossMode::AllUnsynced);
+        let dev = nand_without_fallocate(16, LossMode::AllUnsynced);
         let opts = background_opts(durability);
         let db = open(&dev, &opts);
         db.put(b"before", b"full").expect("put");

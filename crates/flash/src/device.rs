@@ -28,6 +28,16 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// Erases/discards `len` bytes at `offset` (page aligned). Best effort on
     /// files: afterwards the range reads as erased bytes or as its old content.
     fn trim(&self, offset: u64, len: u64) -> Result<()>;
+    /// Erases `len` bytes at `offset` (page aligned) for rewriting, as
+    /// [`Device::trim`] does, but keeps the range's storage: on a regular
+    /// file the blocks are allocated (`fallocate`), not punched, so no later
+    /// write into the range can fail for want of room on the host file
+    /// system. Fails with [`FlashError::HostFull`] when the host lacks the
+    /// room (what it did allocate stays allocated). The default, for devices
+    /// with no host to fill, is `trim`.
+    fn prepare(&self, offset: u64, len: u64) -> Result<()> {
+        self.trim(offset, len)
+    }
     /// Cumulative operation counters.
     fn counters(&self) -> DeviceCounters;
     /// Performs several reads, each with the rules of [`Device::read_at`].

@@ -89,6 +89,12 @@ impl From<std::io::Error> for FlashError {
 }
 
 impl FlashError {
+    /// The [`FlashError::HostFull`] of a host file system without room
+    /// (`ENOSPC`), for a refusal decided without a failed system call.
+    pub fn host_out_of_room() -> FlashError {
+        FlashError::HostFull(std::io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+
     /// True for [`FlashError::HostFull`]: the write may be retried later.
     pub fn is_host_full(&self) -> bool {
         matches!(self, FlashError::HostFull(_))

@@ -9,7 +9,9 @@
 //! ring (see `uring`), or the pool where io_uring is unavailable.
 //!
 //! A regular file is created sparse. TRIM punches holes in it unless told to
-//! keep the blocks ([`FileDevice::set_punch_holes`]), and
+//! keep the blocks ([`FileDevice::set_punch_holes`]); `prepare` (an erase
+//! before reuse) allocates the range's blocks instead, so that writes into
+//! a prepared range never find the host file system full; and
 //! [`FileDevice::preallocate`] allocates every block up front and keeps them,
 //! so that no later write has to allocate.
 
@@ -485,6 +487,33 @@ impl Device for FileDevice {
             }
         }
         self.counters.record_trim(len / u64::from(self.page_size));
+        Ok(())
+    }
+
+    fn prepare(&self, offset: u64, len: u64) -> Result<()> {
+        check_page_range(self.capacity, self.page_size, offset, len)?;
+        if len == 0 || self.block_device {
+            return self.trim(offset, len);
+        }
+        let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(FlashError::OutOfRange(format!(
+                "prepare at {offset} of {len} bytes"
+            )));
+        };
+        // Mode 0 allocates what is not allocated yet and leaves what is
+        // (content included): the old content of a reused range stays,
+        // which an erase allows.
+        // SAFETY: plain syscall on a valid descriptor; no memory is passed.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, off, l) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                // No way to reserve blocks on this file system: erase as
+                // before; a write may then still find the host full.
+                return self.trim(offset, len);
+            }
+            return Err(err.into());
+        }
         Ok(())
     }
 

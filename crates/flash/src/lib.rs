@@ -13,6 +13,7 @@
 
 #![deny(missing_docs)]
 
+mod backing;
 mod checkpoint;
 mod codec;
 mod device;
@@ -27,6 +28,7 @@ mod store;
 mod superblock;
 mod uring;
 
+pub use backing::Purpose;
 pub use device::{AlignedBuf, Device};
 pub use error::{FlashError, Result};
 pub use file::FileDevice;

@@ -13,10 +13,12 @@
 //! A host-space limit emulates a sparse device file on a host file system
 //! that fills up: pages holding data (in either image) count as allocated,
 //! a trim gives them back, and a write that would allocate past the limit
-//! fails with `HostFull` (`ENOSPC`) before programming anything.
+//! fails with `HostFull` (`ENOSPC`) before programming anything. `prepare`
+//! erases pages but keeps them allocated, as `fallocate` does on a file
+//! (unless told the host cannot: [`NandDevice::set_fallocate`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,7 +92,8 @@ struct PageSlot {
 
 /// One shard of the page map.
 ///
-/// Invariants: a page absent from `pages` is erased in both images; a page is
+/// Invariants: a page absent from `pages` is erased in both images and not
+/// allocated (a page in it is allocated, erased or not); a page is
 /// in `dirty` iff its current image was written after its durable image was
 /// last set (by sync, trim, tear or power cycle) and no failed sync dropped
 /// that write; it is in `forgotten` iff a failed sync dropped it. `dirty`
@@ -129,6 +132,8 @@ pub struct NandDevice {
     host_pages: AtomicU64,
     /// Syncs still to fail (see [`NandDevice::fail_syncs`]).
     failing_syncs: AtomicU64,
+    /// Whether `prepare` keeps pages allocated (see [`NandDevice::set_fallocate`]).
+    fallocate: AtomicBool,
 }
 
 impl NandDevice {
@@ -174,6 +179,7 @@ impl NandDevice {
             counters: AtomicCounters::default(),
             host_pages: AtomicU64::new(u64::MAX),
             failing_syncs: AtomicU64::new(0),
+            fallocate: AtomicBool::new(true),
             cfg,
         }))
     }
@@ -205,10 +211,9 @@ impl NandDevice {
             let mut shard = shard.lock();
             for page in std::mem::take(&mut shard.forgotten) {
                 if let Some(slot) = shard.pages.get_mut(&page) {
+                    // An erased page stays allocated: a power cut does not
+                    // give a file's blocks back.
                     slot.current = slot.durable.clone();
-                    if slot.current.is_none() {
-                        shard.pages.remove(&page);
-                    }
                 }
             }
             let dirty = std::mem::take(&mut shard.dirty);
@@ -222,9 +227,6 @@ impl NandDevice {
                         slot.current = slot.durable.clone();
                     } else {
                         slot.durable = slot.current.clone();
-                    }
-                    if slot.current.is_none() && slot.durable.is_none() {
-                        shard.pages.remove(&page);
                     }
                 }
             }
@@ -243,6 +245,14 @@ impl NandDevice {
     pub fn set_host_space(&self, bytes: Option<u64>) {
         let pages = bytes.map_or(u64::MAX, |b| b / u64::from(self.cfg.page_size));
         self.host_pages.store(pages, Ordering::Relaxed);
+    }
+
+    /// Whether [`Device::prepare`] keeps the pages it erases allocated, as
+    /// `fallocate` does on a file (the default), or gives them back like a
+    /// trim, as on a host file system that cannot reserve blocks: then a
+    /// write into a prepared segment may still find the host full.
+    pub fn set_fallocate(&self, supported: bool) {
+        self.fallocate.store(supported, Ordering::Relaxed);
     }
 
     /// Makes the next `n` syncs fail with an I/O error (`EIO`), the way a
@@ -508,6 +518,29 @@ impl Device for NandDevice {
                 shard.dirty.remove(&page);
                 shard.forgotten.remove(&page);
             }
+        }
+        self.counters.record_trim(end - first);
+        Ok(())
+    }
+
+    fn prepare(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.fallocate.load(Ordering::Relaxed) {
+            return self.trim(offset, len);
+        }
+        check_page_range(self.capacity(), self.cfg.page_size, offset, len)?;
+        let ps = u64::from(self.cfg.page_size);
+        let (first, end) = (offset / ps, (offset + len) / ps);
+        if len > 0 {
+            self.delay(first, self.cfg.erase_latency);
+        }
+        let _powered = self.power_on()?;
+        // All or nothing: the model allocates only when everything fits.
+        self.check_host_space(first, end - first)?;
+        for page in first..end {
+            let mut shard = self.shard(page).lock();
+            shard.pages.insert(page, PageSlot::default());
+            shard.dirty.remove(&page);
+            shard.forgotten.remove(&page);
         }
         self.counters.record_trim(end - first);
         Ok(())

@@ -36,6 +36,12 @@ pub struct FlashStats {
     pub segments_used: u32,
     /// Segments released but waiting for the next checkpoint.
     pub segments_pending_free: u32,
+    /// Free segments whose blocks are allocated on the host file system
+    /// (the reserve a full host cannot take away).
+    pub segments_backed: u32,
+    /// The host file system had no room for the last segment to back: only
+    /// backed segments are handed out until one can be backed again.
+    pub host_full: bool,
     /// Highest erase count of any segment.
     pub erase_count_max: u32,
     /// Mean erase count over all segments.

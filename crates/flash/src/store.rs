@@ -14,7 +14,10 @@
 //!
 //! Segment life cycle: `Free --allocate/claim--> Used --release--> PendingFree
 //! --next completed checkpoint--> Free`. A released segment stays unerased
-//! until a checkpoint that no longer references it is durable.
+//! until a checkpoint that no longer references it is durable. Some Free
+//! segments are kept *backed* (their blocks allocated on the host file
+//! system) so that deletes and GC find room when other files fill the host
+//! (see backing.rs).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -100,25 +103,30 @@ impl Geometry {
 /// In-memory state of a segment; `Allocating` is the window in which
 /// `allocate` erases a segment outside the table lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum EntryState {
+pub(crate) enum EntryState {
     Free,
     Allocating,
+    /// Free, being backed by `replenish` outside the table lock.
+    Backing,
     Used,
     PendingFree,
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Entry {
-    state: EntryState,
-    kind: u8,
-    erase_count: u32,
+pub(crate) struct Entry {
+    pub(crate) state: EntryState,
+    pub(crate) kind: u8,
+    pub(crate) erase_count: u32,
+    /// Free and known to have its blocks allocated on the host (see
+    /// backing.rs); meaningless in other states.
+    pub(crate) backed: bool,
 }
 
 impl Entry {
     /// View exposed to users: an allocating segment is already reserved (Used).
     fn info(&self) -> SegmentInfo {
         let state = match self.state {
-            EntryState::Free => SegmentState::Free,
+            EntryState::Free | EntryState::Backing => SegmentState::Free,
             EntryState::Allocating | EntryState::Used => SegmentState::Used,
             EntryState::PendingFree => SegmentState::PendingFree,
         };
@@ -155,15 +163,17 @@ struct Newest {
 /// Lock order: `newest` before `table`. Device I/O is never done under
 /// `table`; `newest` is held for a whole checkpoint (serializing checkpoints).
 pub struct FlashStore {
-    dev: Arc<dyn Device>,
-    geo: Geometry,
+    pub(crate) dev: Arc<dyn Device>,
+    pub(crate) geo: Geometry,
     /// Bytes per checkpoint slot; a multiple of the page size.
     slot_bytes: u64,
     /// Byte offset of segment 0.
     data_offset: u64,
     /// Random id of this format; checkpoints carrying another id are invalid.
     format_id: u64,
-    table: Mutex<Vec<Entry>>,
+    pub(crate) table: Mutex<Vec<Entry>>,
+    /// How many Free segments to keep backed, and whether the host is full.
+    pub(crate) backing: crate::backing::Backing,
     newest: Mutex<Newest>,
     checkpoints: AtomicU64,
     /// Why a device sync failed, once one has: set for good (see
@@ -239,10 +249,12 @@ impl FlashStore {
                 Entry {
                     state: EntryState::Free,
                     kind: 0,
-                    erase_count: 0
+                    erase_count: 0,
+                    backed: false,
                 };
                 segment_count as usize
             ]),
+            backing: Default::default(),
             newest: Mutex::new(Newest {
                 slot: 0,
                 sequence: 1,
@@ -255,6 +267,9 @@ impl FlashStore {
         // first checkpoint, make it durable, and only then the superblock: a
         // crash in between leaves no superblock that points at a missing checkpoint.
         store.dev.trim(0, capacity / ps * ps)?;
+        // Both checkpoint slots keep their blocks for good (`write_slot`
+        // prepares, never punches), so checkpoints find room on a full host.
+        store.dev.prepare(store.slot_offset(0), 2 * slot_bytes)?;
         let table: Vec<SegmentInfo> = store
             .table
             .lock()
@@ -315,6 +330,7 @@ impl FlashStore {
             data_offset: sb.data_offset,
             format_id: sb.format_id,
             table: Mutex::new(Vec::new()),
+            backing: Default::default(),
             newest: Mutex::new(Newest {
                 slot: 0,
                 sequence: 0,
@@ -345,6 +361,8 @@ impl FlashStore {
                 },
                 kind: s.kind,
                 erase_count: s.erase_count,
+                // Unknown until `keep_backed` backs them again.
+                backed: false,
             })
             .collect();
         store.table = Mutex::new(entries);
@@ -419,10 +437,12 @@ impl FlashStore {
         }
     }
 
-    /// Erases slot `slot` and writes `bytes` (padded to whole pages) into it. Not synced.
+    /// Erases slot `slot` and writes `bytes` (padded to whole pages) into
+    /// it. Not synced. The slot keeps its blocks ([`Device::prepare`]), so
+    /// a checkpoint finds room even on a full host file system.
     fn write_slot(&self, slot: u64, bytes: &[u8]) -> Result<()> {
         let offset = self.slot_offset(slot);
-        self.dev.trim(offset, self.slot_bytes)?;
+        self.dev.prepare(offset, self.slot_bytes)?;
         let padded =
             round_up(bytes.len() as u64, u64::from(self.geo.page_size)).unwrap_or(self.slot_bytes);
         let mut buf = AlignedBuf::new_zeroed(padded as usize);
@@ -449,47 +469,8 @@ impl FlashStore {
     }
 
     /// Device byte offset of segment `seg` (must be valid).
-    fn segment_offset(&self, seg: SegmentId) -> u64 {
+    pub(crate) fn segment_offset(&self, seg: SegmentId) -> u64 {
         self.data_offset + u64::from(seg) * self.geo.segment_bytes()
-    }
-
-    /// Allocates the Free segment with the lowest erase count (ties: lowest
-    /// id), erases it, and marks it Used with `kind`. Returns the segment and
-    /// its new erase count; `NoSpace` when no segment is Free.
-    ///
-    /// After [`FlashStore::open`], [`FlashStore::claim`] every segment written
-    /// since the last checkpoint *before* allocating, or this may erase one.
-    pub fn allocate(&self, kind: u8) -> Result<(SegmentId, u32)> {
-        let seg = {
-            let mut table = self.table.lock();
-            let (seg, entry) = table
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, e)| e.state == EntryState::Free)
-                .min_by_key(|(i, e)| (e.erase_count, *i))
-                .ok_or(FlashError::NoSpace)?;
-            entry.state = EntryState::Allocating;
-            seg as SegmentId
-        };
-        let erased = self
-            .dev
-            .trim(self.segment_offset(seg), self.geo.segment_bytes());
-        let mut table = self.table.lock();
-        let entry = &mut table[seg as usize];
-        match erased {
-            Ok(()) => {
-                *entry = Entry {
-                    state: EntryState::Used,
-                    kind,
-                    erase_count: entry.erase_count.saturating_add(1),
-                };
-                Ok((seg, entry.erase_count))
-            }
-            Err(e) => {
-                entry.state = EntryState::Free;
-                Err(e)
-            }
-        }
     }
 
     /// Recovery: marks a segment that the last checkpoint shows Free as Used
@@ -510,6 +491,7 @@ impl FlashStore {
             state: EntryState::Used,
             kind,
             erase_count: entry.erase_count.saturating_add(1),
+            backed: false,
         };
         Ok(entry.erase_count)
     }
@@ -708,13 +690,7 @@ impl FlashStore {
         // each before marking it Free, so the erase cannot hit a reallocated
         // segment; holding `newest` keeps a concurrent checkpoint from doing the same.
         for seg in pending {
-            self.dev
-                .trim(self.segment_offset(seg), self.geo.segment_bytes())?;
-            let mut table = self.table.lock();
-            let entry = &mut table[seg as usize];
-            if entry.state == EntryState::PendingFree {
-                entry.state = EntryState::Free;
-            }
+            self.free_released(seg)?;
         }
         Ok(())
     }
@@ -730,13 +706,11 @@ impl FlashStore {
         self.table.lock().iter().map(Entry::info).collect()
     }
 
-    /// Number of Free segments (cheaper than [`FlashStore::stats`]).
+    /// Number of Free segments that can be written: all of them, or only
+    /// the backed ones while the host file system is full
+    /// ([`FlashStore::host_full`]). Cheaper than [`FlashStore::stats`].
     pub fn free_segments(&self) -> u32 {
-        self.table
-            .lock()
-            .iter()
-            .filter(|e| e.state == EntryState::Free)
-            .count() as u32
+        self.usable_free(&self.table.lock())
     }
 
     /// Statistics: segment states, wear and device counters.
@@ -758,6 +732,8 @@ impl FlashStore {
             erase_sum += u64::from(info.erase_count);
         }
         stats.erase_count_avg = erase_sum as f64 / f64::from(self.geo.segment_count.max(1));
+        stats.segments_backed = self.backed_free(&self.table.lock());
+        stats.host_full = self.host_full();
         stats
     }
 }

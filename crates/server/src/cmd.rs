@@ -346,7 +346,8 @@ pub mod errors {
                 "NOSPACE device full (delete data and let garbage collection reclaim space)",
             ),
             engine::Error::HostFull(why) => Reply::err(format!(
-                "NOSPACE {why} (writes resume by themselves once space is freed there)"
+                "NOSPACE {why} (deletes still work; writes resume by themselves once space is \
+                 freed there or deletes let garbage collection return some)"
             )),
             engine::Error::ValueTooLarge { .. } => Reply::err(format!("value too large: {e}")),
             // Others as they display (`DeviceFailed` starts with IOERR:

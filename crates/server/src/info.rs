@@ -166,6 +166,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("gc_bytes_relocated", &s.gc_bytes_relocated);
             line("garbage_ratio", &format!("{:.3}", s.garbage_ratio));
             line("segments_free", &s.segments_free);
+            line("segments_backed", &s.segments_backed);
             line("segments_total", &s.segments_total);
             line("segment_bytes", &s.segment_bytes);
             line("segments_log", &s.segments_log);
