@@ -64,14 +64,27 @@ fn pick(table: &[Entry], eligible: impl Fn(usize, &Entry) -> bool) -> Option<Seg
 }
 
 impl FlashStore {
-    /// Keeps `n` Free segments backed from now on, and backs them now,
-    /// trying every Free segment (after a restart those backed before are
-    /// backed still and cost no room). Call it once recovery has claimed
-    /// every segment it found written (backing erases). `HostFull` when
-    /// the host lacks the room for all of them (the store still hands out
-    /// unbacked segments until an allocation finds no room).
+    /// Keeps `n` Free segments backed from now on, and backs them now.
+    /// Which segments a previous run kept backed is not recorded, so every
+    /// Free segment is trimmed first (giving their blocks back), and `n`
+    /// of them backed again: restarts do not leave the file holding more.
+    /// Call it once recovery has claimed every segment it found written
+    /// (trimming and backing erase). `HostFull` when the host lacks the
+    /// room for all of them (the store still hands out unbacked segments
+    /// until an allocation finds no room).
     pub fn keep_backed(&self, n: u32) -> Result<()> {
         self.backing.target.store(n, Ordering::Relaxed);
+        let free: Vec<SegmentId> = {
+            let table = self.table.lock();
+            (0..table.len())
+                .filter(|&i| table[i].state == EntryState::Free && !table[i].backed)
+                .map(|i| i as SegmentId)
+                .collect()
+        };
+        for seg in free {
+            self.dev
+                .trim(self.segment_offset(seg), self.geo.segment_bytes())?;
+        }
         self.back_free(usize::MAX)
     }
 
@@ -402,6 +415,33 @@ mod tests {
         // The reserve was whole: all four are trimmed.
         assert_eq!(dev.host_space_used(), held - 4 * SEG_BYTES);
         assert_eq!(store.stats().segments_backed, 1);
+    }
+
+    #[test]
+    fn restarts_do_not_leave_the_file_holding_more() {
+        let dev = device();
+        let store = format(&dev);
+        store.keep_backed(3).expect("reserve");
+        let held = dev.host_space_used();
+        // Wear one backed segment (taken on a full host, released, kept
+        // backed), so it is no longer among the least worn at the restart.
+        dev.set_host_space(Some(held));
+        let (seg, _) = store
+            .allocate_for(Purpose::MakesRoom, 2, 0)
+            .expect("reserve");
+        dev.set_host_space(None);
+        store.release(seg).expect("release");
+        store.checkpoint(b"").expect("checkpoint");
+        assert_eq!(store.stats().segments_backed, 3);
+        assert_eq!(dev.host_space_used(), held);
+        drop(store);
+        for _ in 0..3 {
+            let d: Arc<dyn Device> = dev.clone();
+            let (store, _) = FlashStore::open(d).expect("open");
+            store.keep_backed(3).expect("reserve");
+            assert_eq!(store.stats().segments_backed, 3);
+        }
+        assert_eq!(dev.host_space_used(), held);
     }
 
     #[test]
