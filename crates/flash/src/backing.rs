@@ -71,8 +71,14 @@ impl FlashStore {
     /// Call it once recovery has claimed every segment it found written
     /// (trimming and backing erase). `HostFull` when the host lacks the
     /// room for all of them (the store still hands out unbacked segments
-    /// until an allocation finds no room).
+    /// until an allocation finds no room). Nothing to do on a device whose
+    /// space is its own ([`crate::Device::allocates_on_write`]).
     pub fn keep_backed(&self, n: u32) -> Result<()> {
+        if !self.dev.allocates_on_write() {
+            // A raw device's space is its own: nothing to back (and no
+            // reason to discard every free segment at each start).
+            return Ok(());
+        }
         self.backing.target.store(n, Ordering::Relaxed);
         let free: Vec<SegmentId> = {
             let table = self.table.lock();

@@ -38,6 +38,13 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn prepare(&self, offset: u64, len: u64) -> Result<()> {
         self.trim(offset, len)
     }
+    /// True when the device takes its space from a host file system as it
+    /// is written (a regular file), so that other files can leave it no
+    /// room; then the store keeps free segments backed (see backing.rs).
+    /// False (the default) for devices whose space is their own.
+    fn allocates_on_write(&self) -> bool {
+        false
+    }
     /// Cumulative operation counters.
     fn counters(&self) -> DeviceCounters;
     /// Performs several reads, each with the rules of [`Device::read_at`].

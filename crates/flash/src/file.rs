@@ -490,6 +490,10 @@ impl Device for FileDevice {
         Ok(())
     }
 
+    fn allocates_on_write(&self) -> bool {
+        !self.block_device
+    }
+
     fn prepare(&self, offset: u64, len: u64) -> Result<()> {
         check_page_range(self.capacity, self.page_size, offset, len)?;
         if len == 0 || self.block_device {

@@ -523,6 +523,11 @@ impl Device for NandDevice {
         Ok(())
     }
 
+    fn allocates_on_write(&self) -> bool {
+        // It models a sparse file on a host (see `set_host_space`).
+        true
+    }
+
     fn prepare(&self, offset: u64, len: u64) -> Result<()> {
         if !self.fallocate.load(Ordering::Relaxed) {
             return self.trim(offset, len);
