@@ -1180,6 +1180,86 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
     );
 }
 
+/// Hardening §1 under the file adapter: a node on a file system that
+/// another file fills. The next file fails with ENOSPC (at `fsync` at the
+/// latest), the files before read back, `rm` works on the full file
+/// system (its deletes use the node's reserve), and GC of what it removed
+/// gives room back within a bounded time, without a restart; `fs check`
+/// finds nothing wrong.
+#[test]
+fn a_host_filled_by_other_files_takes_rm_and_gives_room_back() {
+    if !can_mount() {
+        return;
+    }
+    let Some(small) = node_support::SmallFs::mount(64) else {
+        return;
+    };
+    let node =
+        node_support::Node::start_in(&small.path().join("data"), &[]).expect("node on the tmpfs");
+    let nodes = format!("127.0.0.1:{}", node.port);
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "full", &mnt, &["--create"]);
+    let write = |name: &str| {
+        sh(&format!(
+            "head -c 4194304 /dev/urandom > '{t}/src' && \
+             dd if='{t}/src' of='{m}/{name}' bs=1M conv=fsync status=none 2>'{t}/err' && \
+             sha1sum < '{t}/src' | cut -c1-40 > '{t}/{name}.sum' || cat '{t}/err'",
+            t = tmp.path().display(),
+            m = mnt.display()
+        ))
+    };
+    for i in 0..4 {
+        let out = write(&format!("f{i}"));
+        assert!(
+            out.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    node_support::fill_host(&small.path().join("ballast"));
+    let mut written = 4;
+    let said = loop {
+        let out = write(&format!("f{written}"));
+        if !out.stdout.is_empty() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        written += 1;
+        assert!(written < 40, "the node never ran out of room");
+    };
+    assert!(said.contains("No space left on device"), "{said}");
+    for i in 0..written {
+        let want = std::fs::read_to_string(tmp.path().join(format!("f{i}.sum"))).expect("sum");
+        let got = sh(&format!(
+            "sha1sum < '{}' | cut -c1-40",
+            mnt.join(format!("f{i}")).display()
+        ));
+        assert_eq!(String::from_utf8_lossy(&got.stdout), want, "f{i}");
+    }
+    let rm = sh(&format!("rm -f '{}'/f*", mnt.display()));
+    assert!(
+        rm.status.success(),
+        "rm on a full host: {}",
+        String::from_utf8_lossy(&rm.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = write("again");
+        if out.stdout.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no room after rm: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    m.stop();
+    fs_check(&nodes, "full");
+    drop(node);
+}
+
 /// A lone node under `--durability interval` killed with SIGKILL right
 /// after a burst of metadata changes loses its unsynced log tail; the
 /// mount, which acknowledged those changes from its caches, must neither

@@ -7,7 +7,7 @@ mod node_support;
 use std::io::BufReader;
 use std::time::Duration;
 
-use node_support::{call, encode, Node, Resp};
+use node_support::{call, encode, fill_host, Node, Resp, SmallFs};
 
 #[test]
 fn sync_writes_survive_kill_9() {
@@ -182,47 +182,6 @@ fn preallocate_allocates_the_whole_device_file_and_keeps_data() {
     assert!(!n.log_text().contains("preallocated"), "{}", n.log_text());
     assert_eq!(n.cli(&["get", "k199"]), "v".repeat(3000));
     assert_eq!(n.cli(&["strlen", "k0"]), "3000");
-}
-
-/// A tmpfs of `mib` MiB mounted on a fresh directory, unmounted on drop;
-/// `None` where mounting is not allowed (not root), except under CI, which
-/// runs as root and must run this test.
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn mount(mib: u64) -> Option<SmallFs> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}M"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .expect("mount runs");
-        if out.status.success() {
-            return Some(SmallFs { dir });
-        }
-        let why = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must be able to mount a tmpfs: {why}"
-        );
-        eprintln!("skipped: cannot mount a tmpfs here ({why})");
-        None
-    }
-
-    fn path(&self) -> &std::path::Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
 }
 
 /// SETs of `value` under keys `{prefix}:NNNNN` from `from` until one is
@@ -462,20 +421,6 @@ fn a_node_on_a_small_file_system_fills_then_recovers_after_deletes() {
         );
         assert_eq!(call(&mut c, &[b"GET", b"after"]), Resp::Bulk(value(1)));
     }
-}
-
-/// Writes 1 MiB pieces to `path` until the file system refuses: other
-/// files filling the host under the node.
-fn fill_host(path: &std::path::Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).expect("ballast");
-    let piece = vec![9u8; 1 << 20];
-    for _ in 0..100_000 {
-        if f.write_all(&piece).is_err() {
-            return;
-        }
-    }
-    panic!("the host file system never filled");
 }
 
 /// Hardening §1, the case a fitted device cannot prevent: other files fill

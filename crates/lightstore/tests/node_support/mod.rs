@@ -318,3 +318,58 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("free port")
 }
+
+/// A tmpfs of `mib` MiB mounted on a fresh directory, unmounted on drop;
+/// `None` where mounting is not allowed (not root), except under CI, which
+/// runs as root and must run this test.
+pub struct SmallFs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    pub fn mount(mib: u64) -> Option<SmallFs> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}M"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("mount runs");
+        if out.status.success() {
+            return Some(SmallFs { dir });
+        }
+        let why = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must be able to mount a tmpfs: {why}"
+        );
+        eprintln!("skipped: cannot mount a tmpfs here ({why})");
+        None
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Writes 1 MiB pieces to `path` until the file system refuses: other
+/// files filling the host under the node.
+pub fn fill_host(path: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("ballast");
+    let piece = vec![9u8; 1 << 20];
+    for _ in 0..100_000 {
+        if f.write_all(&piece).is_err() {
+            return;
+        }
+    }
+    panic!("the host file system never filled");
+}
