@@ -226,27 +226,38 @@ impl FlashStore {
             let prepared = self
                 .dev
                 .prepare(self.segment_offset(seg), self.geo.segment_bytes());
-            let mut table = self.table.lock();
-            let entry = &mut table[seg as usize];
-            entry.backed = false;
-            match prepared {
-                Ok(()) => {
-                    entry.state = EntryState::Used;
-                    entry.kind = kind;
-                    entry.erase_count = entry.erase_count.saturating_add(1);
-                    return Ok((seg, entry.erase_count));
+            match self.finish_allocation(seg, kind, prepared) {
+                Err(e) if e.is_host_full() && !full => {
+                    // Only backed segments may be handed out now, and only
+                    // to work that makes room: try again so.
+                    self.backing.host_full.store(true, Ordering::Release);
                 }
-                Err(e) => {
-                    entry.state = EntryState::Free;
-                    drop(table);
-                    if e.is_host_full() && !full {
-                        // Only backed segments may be handed out now, and
-                        // only to work that makes room: try again so.
-                        self.backing.host_full.store(true, Ordering::Release);
-                        continue;
-                    }
-                    return Err(e);
-                }
+                done => return done,
+            }
+        }
+    }
+
+    /// Marks `seg` (being allocated) Used with `kind` if its erase
+    /// succeeded, Free again if not; returns it and its new erase count.
+    fn finish_allocation(
+        &self,
+        seg: SegmentId,
+        kind: u8,
+        erased: Result<()>,
+    ) -> Result<(SegmentId, u32)> {
+        let mut table = self.table.lock();
+        let entry = &mut table[seg as usize];
+        entry.backed = false;
+        match erased {
+            Ok(()) => {
+                entry.state = EntryState::Used;
+                entry.kind = kind;
+                entry.erase_count = entry.erase_count.saturating_add(1);
+                Ok((seg, entry.erase_count))
+            }
+            Err(e) => {
+                entry.state = EntryState::Free;
+                Err(e)
             }
         }
     }
@@ -275,21 +286,7 @@ impl FlashStore {
         let erased = self
             .dev
             .trim(self.segment_offset(seg), self.geo.segment_bytes());
-        let mut table = self.table.lock();
-        let entry = &mut table[seg as usize];
-        entry.backed = false;
-        match erased {
-            Ok(()) => {
-                entry.state = EntryState::Used;
-                entry.kind = kind;
-                entry.erase_count = entry.erase_count.saturating_add(1);
-                Ok((seg, entry.erase_count))
-            }
-            Err(e) => {
-                entry.state = EntryState::Free;
-                Err(e)
-            }
-        }
+        self.finish_allocation(seg, kind, erased)
     }
 
     /// Erases released segment `seg` (its checkpoint is durable) and marks

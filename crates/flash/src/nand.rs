@@ -350,6 +350,18 @@ impl NandDevice {
         std::thread::sleep(latency);
     }
 
+    /// The pages `first..end` an erase of `len` bytes at `offset` covers,
+    /// once checked, after the erase's latency.
+    fn erase_span(&self, offset: u64, len: u64) -> Result<(u64, u64)> {
+        check_page_range(self.capacity(), self.cfg.page_size, offset, len)?;
+        let ps = u64::from(self.cfg.page_size);
+        let (first, end) = (offset / ps, (offset + len) / ps);
+        if len > 0 {
+            self.delay(first, self.cfg.erase_latency);
+        }
+        Ok((first, end))
+    }
+
     /// Fails with `PowerLoss` unless powered; returns the guard to hold.
     fn power_on(&self) -> Result<parking_lot::RwLockReadGuard<'_, bool>> {
         let powered = self.powered.read();
@@ -503,12 +515,7 @@ impl Device for NandDevice {
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        check_page_range(self.capacity(), self.cfg.page_size, offset, len)?;
-        let ps = u64::from(self.cfg.page_size);
-        let (first, end) = (offset / ps, (offset + len) / ps);
-        if len > 0 {
-            self.delay(first, self.cfg.erase_latency);
-        }
+        let (first, end) = self.erase_span(offset, len)?;
         let _powered = self.power_on()?;
         for shard in &self.shards {
             let mut shard = shard.lock();
@@ -532,12 +539,7 @@ impl Device for NandDevice {
         if !self.fallocate.load(Ordering::Relaxed) {
             return self.trim(offset, len);
         }
-        check_page_range(self.capacity(), self.cfg.page_size, offset, len)?;
-        let ps = u64::from(self.cfg.page_size);
-        let (first, end) = (offset / ps, (offset + len) / ps);
-        if len > 0 {
-            self.delay(first, self.cfg.erase_latency);
-        }
+        let (first, end) = self.erase_span(offset, len)?;
         let _powered = self.power_on()?;
         // All or nothing: the model allocates only when everything fits.
         self.check_host_space(first, end - first)?;

@@ -299,6 +299,68 @@ fn a_full_host_file_system_refuses_writes_until_space_is_freed() {
     assert_eq!(call(&mut c, &[b"GET", b"more"]), Resp::Bulk(b"x".to_vec()));
 }
 
+/// DELs every key `fill:NNNNN` below `acked` but each fourth; each must be
+/// accepted (`what` names the case in a failure).
+fn delete_three_quarters(
+    c: &mut BufReader<std::net::TcpStream>,
+    n: &Node,
+    acked: usize,
+    what: &str,
+) {
+    for i in (0..acked).filter(|i| i % 4 != 0) {
+        let key = format!("fill:{i:05}");
+        let got = call(c, &[b"DEL", key.as_bytes()]);
+        if got != Resp::Int(1) {
+            let info = match call(c, &[b"INFO", b"engine"]) {
+                Resp::Bulk(b) => String::from_utf8_lossy(&b).replace("\r\n", " "),
+                other => format!("{other:?}"),
+            };
+            panic!("{what}: DEL {key}: {got:?}; INFO: {info}\n{}", n.log_text());
+        }
+    }
+}
+
+/// Each fourth key `fill:NNNNN` below `acked` reads `kept`, the others
+/// nothing (`what` names the case in a failure).
+fn check_quarter_kept(
+    c: &mut BufReader<std::net::TcpStream>,
+    acked: usize,
+    kept: &[u8],
+    what: &str,
+) {
+    for i in 0..acked {
+        let key = format!("fill:{i:05}");
+        let want = if i % 4 == 0 {
+            Resp::Bulk(kept.to_vec())
+        } else {
+            Resp::Nil
+        };
+        assert_eq!(call(c, &[b"GET", key.as_bytes()]), want, "{what}: {key}");
+    }
+}
+
+/// SETs `value` under keys `more:NNNNN` until `want` are accepted or
+/// `limit` has passed, pausing after each NOSPACE; how many were accepted.
+fn sets_within(
+    c: &mut BufReader<std::net::TcpStream>,
+    want: usize,
+    value: &[u8],
+    limit: Duration,
+) -> usize {
+    let (mut more, deadline) = (0, std::time::Instant::now() + limit);
+    while more < want && std::time::Instant::now() < deadline {
+        let key = format!("more:{more:05}");
+        match call(c, &[b"SET", key.as_bytes(), value]) {
+            Resp::Simple(s) if s == "OK" => more += 1,
+            Resp::Error(e) if e.starts_with("ERR NOSPACE") => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => panic!("SET {key}: {other:?}"),
+        }
+    }
+    more
+}
+
 /// Retries a SET for at most `limit` while it gets NOSPACE: writes must
 /// resume by themselves.
 fn set_when_room(
@@ -376,45 +438,11 @@ fn a_node_on_a_small_file_system_fills_then_recovers_after_deletes() {
             n = Node::start_in(&data, &flags).expect("restart while full");
             c = BufReader::new(n.connect());
         }
-        for i in (0..acked).filter(|i| i % 4 != 0) {
-            let key = format!("fill:{i:05}");
-            assert_eq!(
-                call(&mut c, &[b"DEL", key.as_bytes()]),
-                Resp::Int(1),
-                "{durability}: DEL {key} on a full device; INFO: {}\n{}",
-                match call(&mut c, &[b"INFO", b"engine"]) {
-                    Resp::Bulk(b) => String::from_utf8_lossy(&b).replace("\r\n", " "),
-                    other => format!("{other:?}"),
-                },
-                n.log_text()
-            );
-        }
+        delete_three_quarters(&mut c, &n, acked, &format!("{durability}, full device"));
         set_when_room(&mut c, b"after", &value(1), Duration::from_secs(30));
-        for i in 0..acked {
-            let key = format!("fill:{i:05}");
-            let want = if i % 4 == 0 {
-                Resp::Bulk(value(0))
-            } else {
-                Resp::Nil
-            };
-            assert_eq!(
-                call(&mut c, &[b"GET", key.as_bytes()]),
-                want,
-                "{durability}: {key}"
-            );
-        }
+        check_quarter_kept(&mut c, acked, &value(0), durability);
         // The space GC freed is usable: many more values fit.
-        let mut more = 0;
-        for i in 0..acked / 2 {
-            let key = format!("more:{i:05}");
-            match call(&mut c, &[b"SET", key.as_bytes(), &value(2)]) {
-                Resp::Simple(s) if s == "OK" => more += 1,
-                Resp::Error(e) if e.starts_with("ERR NOSPACE") => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                other => panic!("SET {key}: {other:?}"),
-            }
-        }
+        let more = sets_within(&mut c, acked / 4, &value(2), Duration::from_secs(30));
         assert!(
             more >= acked / 4,
             "{durability}: only {more} SETs after freeing 3/4 of {acked}"
@@ -470,33 +498,11 @@ fn a_host_filled_by_other_files_takes_deletes_and_recovers_after_them() {
             n = Node::start_in(&data, &flags).expect("restart on a full host");
             c = BufReader::new(n.connect());
         }
-        for i in (0..acked).filter(|i| i % 4 != 0) {
-            let key = format!("fill:{i:05}");
-            assert_eq!(
-                call(&mut c, &[b"DEL", key.as_bytes()]),
-                Resp::Int(1),
-                "{durability}: DEL {key} on a full host; INFO: {}\n{}",
-                match call(&mut c, &[b"INFO", b"engine"]) {
-                    Resp::Bulk(b) => String::from_utf8_lossy(&b).replace("\r\n", " "),
-                    other => format!("{other:?}"),
-                },
-                n.log_text()
-            );
-        }
+        delete_three_quarters(&mut c, &n, acked, &format!("{durability}, full host"));
         set_when_room(&mut c, b"after", &value(1), Duration::from_secs(30));
         // What GC frees refills the reserve first, then goes back to the
         // host: a good part of what was deleted becomes writable again.
-        let (mut more, deadline) = (0, std::time::Instant::now() + Duration::from_secs(30));
-        while more < acked / 4 && std::time::Instant::now() < deadline {
-            let key = format!("more:{more:05}");
-            match call(&mut c, &[b"SET", key.as_bytes(), &value(2)]) {
-                Resp::Simple(s) if s == "OK" => more += 1,
-                Resp::Error(e) if e.starts_with("ERR NOSPACE") => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                other => panic!("SET {key}: {other:?}"),
-            }
-        }
+        let more = sets_within(&mut c, acked / 4, &value(2), Duration::from_secs(30));
         assert!(
             more >= acked / 4,
             "{durability}: only {more} SETs in 30 s after deleting 3/4 of {acked}; INFO: {}",
@@ -505,19 +511,7 @@ fn a_host_filled_by_other_files_takes_deletes_and_recovers_after_them() {
                 other => format!("{other:?}"),
             }
         );
-        for i in 0..acked {
-            let key = format!("fill:{i:05}");
-            let want = if i % 4 == 0 {
-                Resp::Bulk(value(0))
-            } else {
-                Resp::Nil
-            };
-            assert_eq!(
-                call(&mut c, &[b"GET", key.as_bytes()]),
-                want,
-                "{durability}: {key}"
-            );
-        }
+        check_quarter_kept(&mut c, acked, &value(0), durability);
         assert_eq!(call(&mut c, &[b"GET", b"after"]), Resp::Bulk(value(1)));
     }
 }
