@@ -673,8 +673,11 @@ impl DbInner {
     /// the values they dropped into garbage GC can clean (each delete
     /// under `sync` durability takes a page of the delete reserve, which
     /// deletes alone would exhaust; a delete that came just after a flush
-    /// failed while the run it left waited for its merge). A failed append
-    /// changed nothing (it fails before writing a record).
+    /// failed while the run it left waited for its merge). Any write also
+    /// waits while released segments wait for the checkpoint that frees
+    /// them. On a full host file system only deletes wait (for the
+    /// reserve; see [`Self::out_of_segments`]). A failed append changed
+    /// nothing (it fails before writing a record).
     fn retry_while_gc_can_free<T>(
         &self,
         deletes: bool,
