@@ -107,10 +107,6 @@ impl DbInner {
             if self.signal.stopping() {
                 break;
             }
-            if self.flash.host_full() {
-                // Has the host room again? (Backing a segment ends it.)
-                let _ = self.flash.replenish();
-            }
             let mut round = self.maintenance();
             if round.is_ok() && quiet.merge_due(self, self.opts.idle_merge_after) {
                 round = self.merge_leftover_runs();
@@ -158,6 +154,10 @@ impl DbInner {
 
     /// Flushes, compacts and collects garbage until nothing is due.
     pub(crate) fn maintenance(&self) -> Result<()> {
+        if self.flash.host_full() {
+            // Has the host room again? (Backing a segment ends it.)
+            let _ = self.flash.replenish();
+        }
         let mut st = self.maint.lock();
         if self.boot_checkpoint.lock().is_some() {
             // Opening could not write its checkpoint (host full): first of all.

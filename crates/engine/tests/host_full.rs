@@ -373,3 +373,29 @@ fn close_on_a_full_host_reports_lost_interval_writes_and_succeeds_under_sync() {
         );
     }
 }
+
+/// Without background threads nothing probes the host on its own: a
+/// maintenance run does, and writes resume after it.
+#[test]
+fn maintenance_finds_room_again_without_background_threads() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let opts = small_opts();
+    let db = open(&dev, &opts);
+    dev.set_host_space(Some(dev.host_space_used()));
+    let mut k = 0;
+    let err = loop {
+        match db.put(&key(k), &value_for(k, 1, 2000)) {
+            Ok(()) => k += 1,
+            Err(e) => break e,
+        }
+        assert!(k < 10_000, "the host never filled");
+    };
+    assert!(matches!(err, Error::HostFull(_)), "got {err}");
+    assert!(db.stats().host_full);
+    dev.set_host_space(None);
+    db.maintenance().expect("maintenance");
+    assert!(!db.stats().host_full, "{:?}", db.stats());
+    for k in k..k + 200 {
+        db.put(&key(k), &value_for(k, 1, 2000)).expect("room again");
+    }
+}
