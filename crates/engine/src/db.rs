@@ -691,7 +691,7 @@ impl DbInner {
                         && self.opts.background
                         && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
                             || (deletes && self.unmerged_deletes_may_free())
-                            || self.flash.stats().segments_pending_free > 0)
+                            || self.flash.pending_free_segments() > 0)
                         && std::time::Instant::now() < deadline
                         && !self.signal.stopping()
                         && self.bg_error.lock().is_none() =>

@@ -34,6 +34,17 @@ fn put_when_room(db: &Db, k: &[u8], v: &[u8]) {
     }
 }
 
+/// Puts 2000-byte values under keys `from..` until one is refused (the
+/// host must fill within 10,000); the first key refused and why.
+fn put_until_refused(db: &Db, from: u32) -> (u32, Error) {
+    for k in from..10_000 {
+        if let Err(e) = db.put(&key(k), &value_for(k, 1, 2000)) {
+            return (k, e);
+        }
+    }
+    panic!("the host never filled");
+}
+
 fn get(db: &Db, k: u32) -> Option<Vec<u8>> {
     db.get(&key(k))
         .unwrap_or_else(|e| panic!("reading key {k}: {e}"))
@@ -63,21 +74,13 @@ fn a_host_filled_by_other_files_leaves_room_for_deletes_and_gc() {
         let dev = nand(16, LossMode::AllUnsynced);
         let opts = background_opts(durability);
         let db = open(&dev, &opts);
-        let mut acked = 0;
         for k in 0..600 {
             db.put(&key(k), &value_for(k, 1, 2000)).expect("put");
-            acked += 1;
         }
         db.sync().expect("sync");
         // Other files take every block the device file does not hold yet.
         dev.set_host_space(Some(dev.host_space_used()));
-        let err = loop {
-            match db.put(&key(acked), &value_for(acked, 1, 2000)) {
-                Ok(()) => acked += 1,
-                Err(e) => break e,
-            }
-            assert!(acked < 10_000, "{durability:?}: the host never filled");
-        };
+        let (acked, err) = put_until_refused(&db, 600);
         assert!(
             matches!(err, Error::HostFull(_)),
             "{durability:?}: got {err}"
@@ -133,14 +136,7 @@ fn writes_stop_when_the_host_fills_and_resume_when_it_has_room() {
     }
     db.sync().expect("sync");
     dev.set_host_space(Some(dev.host_space_used() + (64 << 10)));
-    let mut acked = 100;
-    let err = loop {
-        match db.put(&key(acked), &value_for(acked, 1, 2000)) {
-            Ok(()) => acked += 1,
-            Err(e) => break e,
-        }
-        assert!(acked < 10_000, "the host never filled");
-    };
+    let (mut acked, err) = put_until_refused(&db, 100);
     assert!(matches!(err, Error::HostFull(_)), "got {err}");
     assert!(err.to_string().starts_with("NOSPACE"), "{err}");
     assert!(db.stats().host_full);
@@ -352,11 +348,7 @@ fn close_on_a_full_host_reports_lost_interval_writes_and_succeeds_under_sync() {
         db.put(b"before", b"full").expect("put");
         db.sync().expect("sync");
         dev.set_host_space(Some(dev.host_space_used()));
-        let mut k = 0;
-        while db.put(&key(k), &value_for(k, 1, 2000)).is_ok() {
-            k += 1;
-            assert!(k < 10_000, "the host never filled");
-        }
+        let (k, _) = put_until_refused(&db, 0);
         match (durability, db.close()) {
             (Durability::Sync, r) => r.expect("close under sync"),
             (_, Err(e)) => assert!(
@@ -382,14 +374,7 @@ fn maintenance_finds_room_again_without_background_threads() {
     let opts = small_opts();
     let db = open(&dev, &opts);
     dev.set_host_space(Some(dev.host_space_used()));
-    let mut k = 0;
-    let err = loop {
-        match db.put(&key(k), &value_for(k, 1, 2000)) {
-            Ok(()) => k += 1,
-            Err(e) => break e,
-        }
-        assert!(k < 10_000, "the host never filled");
-    };
+    let (k, err) = put_until_refused(&db, 0);
     assert!(matches!(err, Error::HostFull(_)), "got {err}");
     assert!(db.stats().host_full);
     dev.set_host_space(None);

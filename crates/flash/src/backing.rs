@@ -88,10 +88,21 @@ impl FlashStore {
                 .collect()
         };
         for seg in free {
-            self.dev
-                .trim(self.segment_offset(seg), self.geo.segment_bytes())?;
+            self.trim_segment(seg)?;
         }
         self.back_free(usize::MAX)
+    }
+
+    /// [`crate::Device::prepare`] of segment `seg`'s whole range.
+    fn prepare_segment(&self, seg: SegmentId) -> Result<()> {
+        self.dev
+            .prepare(self.segment_offset(seg), self.geo.segment_bytes())
+    }
+
+    /// [`crate::Device::trim`] of segment `seg`'s whole range.
+    fn trim_segment(&self, seg: SegmentId) -> Result<()> {
+        self.dev
+            .trim(self.segment_offset(seg), self.geo.segment_bytes())
     }
 
     /// True while the host file system lacks room to back a segment: then
@@ -161,9 +172,7 @@ impl FlashStore {
                 table[seg as usize].state = EntryState::Backing;
                 seg
             };
-            let backed = self
-                .dev
-                .prepare(self.segment_offset(seg), self.geo.segment_bytes());
+            let backed = self.prepare_segment(seg);
             {
                 let mut table = self.table.lock();
                 let entry = &mut table[seg as usize];
@@ -223,9 +232,7 @@ impl FlashStore {
                 table[seg as usize].state = EntryState::Allocating;
                 seg
             };
-            let prepared = self
-                .dev
-                .prepare(self.segment_offset(seg), self.geo.segment_bytes());
+            let prepared = self.prepare_segment(seg);
             match self.finish_allocation(seg, kind, prepared) {
                 Err(e) if e.is_host_full() && !full => {
                     // Only backed segments may be handed out now, and only
@@ -283,9 +290,7 @@ impl FlashStore {
             table[seg as usize].state = EntryState::Allocating;
             seg
         };
-        let erased = self
-            .dev
-            .trim(self.segment_offset(seg), self.geo.segment_bytes());
+        let erased = self.trim_segment(seg);
         self.finish_allocation(seg, kind, erased)
     }
 
@@ -297,10 +302,9 @@ impl FlashStore {
             let table = self.table.lock();
             self.backed_free(&table) < self.backing.target.load(Ordering::Relaxed)
         };
-        let (at, len) = (self.segment_offset(seg), self.geo.segment_bytes());
-        let backed = keep && self.dev.prepare(at, len).is_ok();
+        let backed = keep && self.prepare_segment(seg).is_ok();
         if !backed {
-            self.dev.trim(at, len)?;
+            self.trim_segment(seg)?;
         }
         let mut table = self.table.lock();
         let entry = &mut table[seg as usize];

@@ -471,16 +471,8 @@ impl Device for FileDevice {
             // which stays valid for the call. Discard is best effort: errors ignored.
             let _ = unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) };
         } else if self.punch_holes.load(Ordering::Relaxed) {
-            let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
-                return Err(FlashError::OutOfRange(format!(
-                    "trim at {offset} of {len} bytes"
-                )));
-            };
             let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            // SAFETY: plain syscall on a valid descriptor; no memory is passed.
-            let rc = unsafe { libc::fallocate(fd, mode, off, l) };
-            if rc != 0 {
-                let err = std::io::Error::last_os_error();
+            if let Err(err) = self.fallocate("trim", mode, offset, len)? {
                 if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
                     return Err(err.into());
                 }
@@ -499,18 +491,10 @@ impl Device for FileDevice {
         if len == 0 || self.block_device {
             return self.trim(offset, len);
         }
-        let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
-            return Err(FlashError::OutOfRange(format!(
-                "prepare at {offset} of {len} bytes"
-            )));
-        };
         // Mode 0 allocates what is not allocated yet and leaves what is
         // (content included): the old content of a reused range stays,
         // which an erase allows.
-        // SAFETY: plain syscall on a valid descriptor; no memory is passed.
-        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, off, l) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
+        if let Err(err) = self.fallocate("prepare", 0, offset, len)? {
             if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
                 // No way to reserve blocks on this file system: erase as
                 // before; a write may then still find the host full.
@@ -569,6 +553,30 @@ impl Device for FileDevice {
 }
 
 impl FileDevice {
+    /// `fallocate(2)` with `mode` over `len` bytes at `offset` (`what`
+    /// names the operation in an error): `Err` for a range no `off_t`
+    /// holds, `Ok(Err)` for the system call's own failure.
+    fn fallocate(
+        &self,
+        what: &str,
+        mode: libc::c_int,
+        offset: u64,
+        len: u64,
+    ) -> Result<std::io::Result<()>> {
+        let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(FlashError::OutOfRange(format!(
+                "{what} at {offset} of {len} bytes"
+            )));
+        };
+        // SAFETY: plain syscall on a valid descriptor; no memory is passed.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, l) };
+        Ok(if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        })
+    }
+
     /// [`Device::read_many`] through this thread's io_uring ring: reads go
     /// straight into the caller's buffers when direct I/O allows it, else
     /// through 4 KiB-aligned bounce buffers. `None` if io_uring is unavailable.

@@ -713,6 +713,16 @@ impl FlashStore {
         self.usable_free(&self.table.lock())
     }
 
+    /// Number of PendingFree segments: released, free at the next
+    /// checkpoint (cheaper than [`FlashStore::stats`]).
+    pub fn pending_free_segments(&self) -> u32 {
+        self.table
+            .lock()
+            .iter()
+            .filter(|e| e.state == EntryState::PendingFree)
+            .count() as u32
+    }
+
     /// Statistics: segment states, wear and device counters.
     pub fn stats(&self) -> FlashStats {
         let mut stats = FlashStats {

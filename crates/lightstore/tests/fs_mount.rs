@@ -1180,6 +1180,16 @@ fn a_killed_adapter_leaves_a_consistent_tree() {
     );
 }
 
+/// Retries `write` every 0.5 s until it succeeds: deleted data is
+/// reclaimed in the background, and room must come back within 60 s.
+fn until_room_after_rm(mut write: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(why) = write() {
+        assert!(Instant::now() < deadline, "no room after rm: {why}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// Hardening §1 under the file adapter: a node on a file system that
 /// another file fills. The next file fails with ENOSPC (at `fsync` at the
 /// latest), the files before read back, `rm` works on the full file
@@ -1242,19 +1252,14 @@ fn a_host_filled_by_other_files_takes_rm_and_gives_room_back() {
         "rm on a full host: {}",
         String::from_utf8_lossy(&rm.stderr)
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    until_room_after_rm(|| {
         let out = write("again");
         if out.stdout.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stdout).into_owned())
         }
-        assert!(
-            Instant::now() < deadline,
-            "no room after rm: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    });
     m.stop();
     fs_check(&nodes, "full");
     drop(node);
@@ -1359,8 +1364,7 @@ fn a_full_node_gives_enospc_and_room_again_after_rm() {
     sh(&format!("rm -f '{}'/f*", mnt.display()));
     // Deleted data is reclaimed in the background: writes come back
     // within a bounded time.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    until_room_after_rm(|| {
         let out = Command::new("dd")
             .arg("if=/dev/urandom")
             .arg(format!("of={}", mnt.join("again").display()))
@@ -1368,15 +1372,11 @@ fn a_full_node_gives_enospc_and_room_again_after_rm() {
             .output()
             .expect("dd");
         if out.status.success() {
-            break;
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
-        assert!(
-            Instant::now() < deadline,
-            "no room after rm: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    });
     m.stop();
     fs_check(&nodes, "full");
 }
