@@ -1132,6 +1132,7 @@ impl DbInner {
                 .collect(),
             memtable_entries: (sv.mem.len() + sv.imm.as_ref().map_or(0, |m| m.len())) as u64,
             flushes: Counters::get(&self.counters.flushes),
+            flushes_during_merges: Counters::get(&self.counters.flushes_during_merges),
             compactions: Counters::get(&self.counters.compactions),
             compaction_bytes_written: Counters::get(&self.counters.compaction_bytes_written),
             gc_runs: Counters::get(&self.counters.gc_runs),

@@ -98,6 +98,15 @@ pub(crate) mod kt_reserve {
     pub const GC_FLUSH: u32 = 0;
 }
 
+/// What a keytable build may do between two keytables it writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Between {
+    /// Nothing: the build runs through.
+    Nothing,
+    /// Flush the memtable when it is full ([`DbInner::flush_if_due`]).
+    FlushWhenDue,
+}
+
 impl DbInner {
     pub(crate) fn background_loop(&self) {
         let mut last_warning: Option<std::time::Instant> = None;
@@ -147,7 +156,7 @@ impl DbInner {
     fn merge_all_runs(&self, st: &mut MaintState) -> Result<()> {
         let version = self.sv.read().version.clone();
         if version.runs > 0 {
-            self.merge_runs(st, &version)?;
+            self.merge_runs(st, &version, Between::Nothing)?;
         }
         Ok(())
     }
@@ -235,6 +244,28 @@ impl DbInner {
         self.merge_all_runs(&mut st)
     }
 
+    /// Flushes the memtable if it is full, from inside a merge (see
+    /// [`Between::FlushWhenDue`]): writers would otherwise be held back for
+    /// the whole merge, seconds with a large L1. Not when space is low (the
+    /// maintenance loop orders the work then), and a flush that finds no
+    /// room is left to that loop too; the merge's keytable reserve is kept.
+    fn flush_if_due(&self, st: &mut MaintState) -> Result<()> {
+        if !self.memtable_full() || self.space_low() {
+            return Ok(());
+        }
+        let keep_free = st.kt.keep_free;
+        let flushed = self.flush_locked(st, kt_reserve::FLUSH);
+        st.kt.keep_free = keep_free;
+        match flushed {
+            Ok(()) => {
+                Counters::add(&self.counters.flushes_during_merges, 1);
+                Ok(())
+            }
+            Err(e) if e.is_no_space() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Freezes the memtable, writes it as a new flushed run (see
     /// [`Version::runs`]), installs it and checkpoints.
     ///
@@ -261,7 +292,8 @@ impl DbInner {
         if let Some(imm) = imm.filter(|m| !m.is_empty()) {
             let sources: Vec<EntryIter<'_>> = vec![Box::new(imm.iter_from(&[]).map(Ok))];
             let bottom = levels.iter().all(|l| l.is_empty());
-            let (out, dropped) = self.build_run(st, MergeIter::new(sources), bottom)?;
+            let (out, dropped) =
+                self.build_run(st, MergeIter::new(sources), bottom, Between::Nothing)?;
             if !out.is_empty() {
                 levels.insert(0, out);
                 runs += 1;
@@ -315,7 +347,7 @@ impl DbInner {
         }
         let runs = version.runs;
         if runs >= RUNS_TO_MERGE || (runs > 0 && space_low) {
-            if self.merge_runs(st, &version)? {
+            if self.merge_runs(st, &version, Between::FlushWhenDue)? {
                 return Ok(true);
             }
             // No room for the whole merge: move the oldest run down a
@@ -347,7 +379,11 @@ impl DbInner {
     /// Merges every flushed run and L1 into a new L1, or, when the sorted
     /// levels need one more (`shape::wants_new_level`), the runs alone into
     /// a new L1 above the others. `Ok(false)` when there is no room for it.
-    fn merge_runs(&self, st: &mut MaintState, version: &Version) -> Result<bool> {
+    ///
+    /// With [`Between::FlushWhenDue`] a memtable that fills while the merge
+    /// runs is flushed between two of its keytables, as a new run on top of
+    /// the current version; the merge then installs its L1 below those runs.
+    fn merge_runs(&self, st: &mut MaintState, version: &Version, between: Between) -> Result<bool> {
         let runs = version.runs;
         st.kt.keep_free = kt_reserve::OPTIONAL;
         let sizes = self.sorted_level_sizes(version);
@@ -362,16 +398,26 @@ impl DbInner {
             .map(|l| Box::new(LevelIter::for_merge(l.clone(), &self.ctx)) as EntryIter<'_>)
             .collect();
         let bottom = version.levels.len() <= inputs;
-        let Some((out, released)) = self.build_optional(st, MergeIter::new(sources), bottom)?
+        let Some((out, released)) =
+            self.build_optional(st, MergeIter::new(sources), bottom, between)?
         else {
             return Ok(false);
         };
-        let mut levels = vec![out];
+        // Runs flushed during the merge sit on top of the levels it read.
+        let now = self.sv.read().version.clone();
+        let flushed = now.runs - version.runs;
+        debug_assert_eq!(now.levels.len(), version.levels.len() + flushed);
+        debug_assert!(now.levels[flushed..]
+            .iter()
+            .zip(&version.levels)
+            .all(|(a, b)| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.id == y.id)));
+        let mut levels = now.levels[..flushed].to_vec();
+        levels.push(out);
         levels.extend(version.levels.iter().skip(inputs).cloned());
         while levels.last().is_some_and(|l| l.is_empty()) {
             levels.pop();
         }
-        self.install_compaction(st, levels, 0, released)?;
+        self.install_compaction(st, levels, flushed, released)?;
         Ok(true)
     }
 
@@ -401,7 +447,8 @@ impl DbInner {
             Box::new(LevelIter::for_merge(old, &self.ctx)),
         ];
         let bottom = levels.iter().skip(li + 2).all(|l| l.is_empty());
-        let Some((out, released)) = self.build_optional(st, MergeIter::new(sources), bottom)?
+        let Some((out, released)) =
+            self.build_optional(st, MergeIter::new(sources), bottom, Between::Nothing)?
         else {
             return Ok(false);
         };
@@ -426,8 +473,9 @@ impl DbInner {
         st: &mut MaintState,
         entries: MergeIter<'_>,
         bottom: bool,
+        between: Between,
     ) -> Result<Option<BuiltRun>> {
-        match self.build_run(st, entries, bottom) {
+        match self.build_run(st, entries, bottom, between) {
             Ok(built) => Ok(Some(built)),
             Err(Error::NoSpace) => Ok(None),
             Err(e) => Err(e),
@@ -499,11 +547,13 @@ impl DbInner {
     /// Merges sorted entries into new keytables, dropping versions no reader
     /// can see. Returns the keytables and the pointers of dropped values,
     /// whose bytes the caller releases once the result is installed.
+    /// `between` says what may run between two keytables written.
     fn build_run(
         &self,
         st: &mut MaintState,
         entries: MergeIter<'_>,
         bottom: bool,
+        between: Between,
     ) -> Result<BuiltRun> {
         let mut dropped = Vec::new();
         let smallest_snapshot = self.oldest_snapshot();
@@ -522,6 +572,9 @@ impl DbInner {
                 {
                     if let Some(b) = builder.take() {
                         out.push(self.write_keytable(st, b.finish()?)?);
+                        if between == Between::FlushWhenDue {
+                            self.flush_if_due(st)?;
+                        }
                     }
                 }
                 cur_key = Some(e.key.clone());
@@ -704,5 +757,109 @@ impl DbInner {
                 device_bytes: self.device_bytes_base + device_now,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_support::{nand_device, small_db};
+    use crate::{Db, Options};
+
+    fn key(i: u32) -> Vec<u8> {
+        format!("key{i:06}").into_bytes()
+    }
+
+    fn value(i: u32, round: u32) -> Vec<u8> {
+        format!("value {i} of round {round} ")
+            .repeat(4)
+            .into_bytes()
+    }
+
+    /// Writes keys from `first` on (as round `round`) until the memtable is
+    /// full; returns the key after the last written.
+    fn fill_memtable(db: &Db, first: u32, round: u32) -> u32 {
+        let mut i = first;
+        while !db.inner.memtable_full() {
+            db.put(&key(i), &value(i, round)).expect("put");
+            i += 1;
+        }
+        i
+    }
+
+    /// A memtable that fills while the runs are merged into L1 is flushed
+    /// between two of the merge's keytables; the merge installs its L1
+    /// below that new run, which still shadows what it overwrote.
+    #[test]
+    fn a_memtable_that_fills_during_a_merge_is_flushed_on_top_of_it() {
+        let dev = nand_device();
+        let opts = Options::small_for_tests();
+        let db = Db::open(dev.clone(), opts.clone()).expect("open");
+        let mut next = 0;
+        let mut rounds = Vec::new();
+        for round in 0..super::RUNS_TO_MERGE as u32 {
+            let end = fill_memtable(&db, next, round);
+            rounds.push((next, end, round));
+            next = end;
+            db.inner.flush_now().expect("flush");
+        }
+        assert_eq!(db.stats().flushed_runs, super::RUNS_TO_MERGE);
+        // The next memtable overwrites the first round's keys and is full
+        // before the merge starts.
+        let overwrite = 100;
+        let end = fill_memtable(&db, 0, overwrite);
+        assert!(end < next, "the overwrites stay within the first rounds");
+        let merged = {
+            let mut st = db.inner.maint.lock();
+            db.inner.compact_one(&mut st).expect("merge")
+        };
+        assert!(merged);
+        let s = db.stats();
+        assert_eq!(s.flushes_during_merges, 1, "{s:?}");
+        assert_eq!(s.flushed_runs, 1, "the flush left one run above L1");
+        assert!(
+            s.keytables_per_level[1] > 1,
+            "the merge wrote several keytables"
+        );
+        let check = |db: &Db| {
+            for i in 0..next {
+                let round = rounds
+                    .iter()
+                    .find(|(a, b, _)| (*a..*b).contains(&i))
+                    .map(|r| r.2)
+                    .expect("a round wrote it");
+                let want = if i < end {
+                    value(i, overwrite)
+                } else {
+                    value(i, round)
+                };
+                let got = db.get(&key(i)).expect("get").map(|v| v.to_vec());
+                assert_eq!(got, Some(want), "key {i}");
+            }
+            let scanned = db.scan(&[], &[], usize::MAX).expect("scan");
+            assert_eq!(scanned.len(), next as usize);
+        };
+        check(&db);
+        // As the manifest has it after a power cut.
+        db.sync().expect("sync");
+        dev.cut_power_now();
+        drop(db);
+        dev.power_cycle(7);
+        let db = Db::open(dev, opts).expect("reopen");
+        assert_eq!(db.stats().flushed_runs, 1);
+        check(&db);
+    }
+
+    #[test]
+    fn a_merge_without_writes_flushes_nothing() {
+        let db = small_db();
+        for round in 0..super::RUNS_TO_MERGE as u32 {
+            fill_memtable(&db, round * 1000, round);
+            db.inner.flush_now().expect("flush");
+        }
+        let mut st = db.inner.maint.lock();
+        assert!(db.inner.compact_one(&mut st).expect("merge"));
+        drop(st);
+        let s = db.stats();
+        assert_eq!((s.flushes_during_merges, s.flushed_runs), (0, 0), "{s:?}");
     }
 }

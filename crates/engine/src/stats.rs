@@ -10,6 +10,7 @@ pub struct Counters {
     pub(crate) gets: AtomicU64,
     pub(crate) get_device_reads: AtomicU64,
     pub(crate) flushes: AtomicU64,
+    pub(crate) flushes_during_merges: AtomicU64,
     pub(crate) compactions: AtomicU64,
     pub(crate) compaction_bytes_written: AtomicU64,
     pub(crate) gc_runs: AtomicU64,
@@ -65,6 +66,9 @@ pub struct Stats {
     pub memtable_entries: u64,
     /// Memtable flushes.
     pub flushes: u64,
+    /// Of those, flushes made between two keytables of a merge of the
+    /// flushed runs into L1, so that writers did not wait for the merge.
+    pub flushes_during_merges: u64,
     /// Compactions.
     pub compactions: u64,
     /// Keytable bytes written by flushes and compactions.

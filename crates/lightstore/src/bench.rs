@@ -116,6 +116,8 @@ pub struct Report {
     garbage_ratio: f64,
     compactions: u64,
     flushes: u64,
+    /// Of those, flushes made inside a merge of the runs into L1.
+    flushes_during_merges: u64,
     /// Keytable bytes written by flushes and compactions.
     keytable_bytes_written: u64,
     /// Keytable bytes in each level, L1 first.
@@ -431,6 +433,7 @@ fn make_report(
         garbage_ratio: after.garbage_ratio,
         compactions: after.compactions,
         flushes: after.flushes - before.flushes,
+        flushes_during_merges: after.flushes_during_merges - before.flushes_during_merges,
         keytable_bytes_written: after.compaction_bytes_written - before.compaction_bytes_written,
         level_bytes: after.bytes_per_level.clone(),
         write_throttle_ms: (after.write_throttle_micros - before.write_throttle_micros) / 1000,
@@ -481,9 +484,10 @@ fn print_report(r: &Report) {
     let mib = |b: u64| b >> 20;
     let levels: Vec<String> = r.level_bytes.iter().map(|&b| mib(b).to_string()).collect();
     println!(
-        "  keytables       {} MiB written by {} flushes and the compactions; levels {} MiB",
+        "  keytables       {} MiB written by {} flushes ({} inside merges) and the compactions; levels {} MiB",
         mib(r.keytable_bytes_written),
         r.flushes,
+        r.flushes_during_merges,
         levels.join(" / ")
     );
 }

@@ -160,6 +160,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("dram_budget_bytes", &s.dram_budget_bytes);
             line("memtable_entries", &s.memtable_entries);
             line("flushes", &s.flushes);
+            line("flushes_during_merges", &s.flushes_during_merges);
             line("compactions", &s.compactions);
             line("gc_runs", &s.gc_runs);
             line("gc_segments_reclaimed", &s.gc_segments_reclaimed);
