@@ -33,6 +33,7 @@ mod memtable;
 mod options;
 mod record;
 mod recovery;
+mod runbuilder;
 mod segreader;
 mod shape;
 mod signal;

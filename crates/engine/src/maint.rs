@@ -13,12 +13,13 @@ use bytes::Bytes;
 use crate::db::{DbInner, MaintState, SuperVersion};
 use crate::error::{Error, Result};
 use crate::iter::{EntryIter, LevelIter, MergeIter};
-use crate::keytable::{BuiltKeytable, KeytableBuilder};
+use crate::keytable::BuiltKeytable;
 use crate::manifest::{Counters as PersistedCounters, KeytableMeta, Manifest};
 use crate::memtable::Memtable;
+use crate::runbuilder::RunBuilder;
 use crate::shape;
 use crate::stats::Counters;
-use crate::types::{Entry, Kind, SeqNo};
+use crate::types::SeqNo;
 use crate::version::{Keytable, SegmentRef, Version};
 use crate::vlog::LogPosition;
 
@@ -96,6 +97,16 @@ pub(crate) mod kt_reserve {
     pub const FLUSH: u32 = 1;
     /// The flush that completes a GC pass.
     pub const GC_FLUSH: u32 = 0;
+}
+
+/// A compaction's build, which is optional work: `None` when space is
+/// short (it leaves room for GC and tries again later).
+fn optional(built: Result<BuiltRun>) -> Result<Option<BuiltRun>> {
+    match built {
+        Ok(built) => Ok(Some(built)),
+        Err(Error::NoSpace) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// What a keytable build may do between two keytables it writes.
@@ -393,14 +404,13 @@ impl DbInner {
         } else {
             (runs + 1).min(version.levels.len())
         };
+        let bottom = version.levels.len() <= inputs;
         let sources: Vec<EntryIter<'_>> = version.levels[..inputs]
             .iter()
             .map(|l| Box::new(LevelIter::for_merge(l.clone(), &self.ctx)) as EntryIter<'_>)
             .collect();
-        let bottom = version.levels.len() <= inputs;
-        let Some((out, released)) =
-            self.build_optional(st, MergeIter::new(sources), bottom, between)?
-        else {
+        let built = self.build_run(st, MergeIter::new(sources), bottom, between);
+        let Some((out, released)) = optional(built)? else {
             return Ok(false);
         };
         // Runs flushed during the merge sit on top of the levels it read.
@@ -447,9 +457,8 @@ impl DbInner {
             Box::new(LevelIter::for_merge(old, &self.ctx)),
         ];
         let bottom = levels.iter().skip(li + 2).all(|l| l.is_empty());
-        let Some((out, released)) =
-            self.build_optional(st, MergeIter::new(sources), bottom, Between::Nothing)?
-        else {
+        let built = self.build_run(st, MergeIter::new(sources), bottom, Between::Nothing);
+        let Some((out, released)) = optional(built)? else {
             return Ok(false);
         };
         levels[li].remove(ki);
@@ -464,22 +473,6 @@ impl DbInner {
         st.compact_cursor[li] = kt.index.largest.clone();
         self.install_compaction(st, levels, runs, released)?;
         Ok(true)
-    }
-
-    /// [`Self::build_run`] for compaction, which is optional work: `None`
-    /// when space is short (it leaves room for GC and tries again later).
-    fn build_optional(
-        &self,
-        st: &mut MaintState,
-        entries: MergeIter<'_>,
-        bottom: bool,
-        between: Between,
-    ) -> Result<Option<BuiltRun>> {
-        match self.build_run(st, entries, bottom, between) {
-            Ok(built) => Ok(Some(built)),
-            Err(Error::NoSpace) => Ok(None),
-            Err(e) => Err(e),
-        }
     }
 
     /// Installs a compaction's result, releases the values it dropped and
@@ -545,9 +538,10 @@ impl DbInner {
     }
 
     /// Merges sorted entries into new keytables, dropping versions no reader
-    /// can see. Returns the keytables and the pointers of dropped values,
-    /// whose bytes the caller releases once the result is installed.
-    /// `between` says what may run between two keytables written.
+    /// can see (`merge::RunBuilder`). Returns the keytables and the pointers
+    /// of dropped values, whose bytes the caller releases once the result
+    /// is installed. `between` says what may run between two keytables
+    /// written.
     fn build_run(
         &self,
         st: &mut MaintState,
@@ -555,56 +549,30 @@ impl DbInner {
         bottom: bool,
         between: Between,
     ) -> Result<BuiltRun> {
-        let mut dropped = Vec::new();
-        let smallest_snapshot = self.oldest_snapshot();
+        let mut run = RunBuilder::new(self.oldest_snapshot(), bottom, self.opts.keytable_bytes);
         let mut out = Vec::new();
-        let mut builder: Option<KeytableBuilder> = None;
-        let mut cur_key: Option<Bytes> = None;
-        let mut last_seq_for_key = SeqNo::MAX;
-        let mut prev_seq: Option<SeqNo> = None;
         for e in entries {
-            let e: Entry = e?;
-            if cur_key.as_ref() != Some(&e.key) {
-                // Keytables end only between keys, so their ranges never overlap.
-                if builder
-                    .as_ref()
-                    .is_some_and(|b| b.estimated_bytes() >= self.opts.keytable_bytes)
-                {
-                    if let Some(b) = builder.take() {
-                        out.push(self.write_keytable(st, b.finish()?)?);
-                        if between == Between::FlushWhenDue {
-                            self.flush_if_due(st)?;
-                        }
-                    }
-                }
-                cur_key = Some(e.key.clone());
-                last_seq_for_key = SeqNo::MAX;
-                prev_seq = None;
+            let built = run.push(e?, || {
+                st.kt.builder(self.page, self.opts.bloom_bits_per_key)
+            })?;
+            if let Some(b) = built {
+                out.push(self.write_keytable(st, b)?);
+                self.after_write(st, between)?;
             }
-            if prev_seq == Some(e.seq) {
-                // A GC relocation twin of the version just kept (older source).
-                continue;
-            }
-            prev_seq = Some(e.seq);
-            let hidden = last_seq_for_key <= smallest_snapshot;
-            let dead_tombstone = e.kind == Kind::Delete && e.seq <= smallest_snapshot && bottom;
-            last_seq_for_key = e.seq;
-            if hidden || dead_tombstone {
-                if e.kind == Kind::Put {
-                    dropped.push(e.ptr);
-                }
-                continue;
-            }
-            let b = builder
-                .get_or_insert_with(|| st.kt.builder(self.page, self.opts.bloom_bits_per_key));
-            b.add(&e);
         }
-        if let Some(b) = builder.take() {
-            if b.entries() > 0 {
-                out.push(self.write_keytable(st, b.finish()?)?);
-            }
+        let (last, dropped) = run.finish()?;
+        if let Some(b) = last {
+            out.push(self.write_keytable(st, b)?);
         }
         Ok((out, dropped))
+    }
+
+    /// What `between` asks for after a keytable was written.
+    fn after_write(&self, st: &mut MaintState, between: Between) -> Result<()> {
+        match between {
+            Between::Nothing => Ok(()),
+            Between::FlushWhenDue => self.flush_if_due(st),
+        }
     }
 
     /// Appends whole keytable pages to the current keytable segment (one
