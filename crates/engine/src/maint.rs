@@ -415,7 +415,10 @@ impl DbInner {
         };
         // Runs flushed during the merge sit on top of the levels it read.
         let now = self.sv.read().version.clone();
-        let flushed = now.runs - version.runs;
+        let flushed = now
+            .runs
+            .checked_sub(version.runs)
+            .expect("only flushes change the version while maintenance holds its lock");
         debug_assert_eq!(now.levels.len(), version.levels.len() + flushed);
         debug_assert!(now.levels[flushed..]
             .iter()
@@ -538,7 +541,7 @@ impl DbInner {
     }
 
     /// Merges sorted entries into new keytables, dropping versions no reader
-    /// can see (`merge::RunBuilder`). Returns the keytables and the pointers
+    /// can see ([`RunBuilder`]). Returns the keytables and the pointers
     /// of dropped values, whose bytes the caller releases once the result
     /// is installed. `between` says what may run between two keytables
     /// written.
