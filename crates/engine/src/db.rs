@@ -27,8 +27,11 @@ use crate::version::{Finger, ReadCtx, Version};
 use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 
 /// Sealed log chunks allowed to wait for the write-behind thread before
-/// writers start writing them themselves.
-const MAX_LOG_BACKLOG: usize = 8;
+/// writers start writing them themselves (32 MiB with the default 1 MiB
+/// chunks). The log thread has one chunk write in flight; with eight, a
+/// writer filling the log at small-value speed waited on that write about
+/// a twentieth of its time (`bench/RESULTS.md`, session 29).
+const MAX_LOG_BACKLOG: usize = 32;
 
 /// Flush debt (see `flush_debt`) from which writers are slowed down.
 const SLOW_DOWN_DEBT: f64 = 1.0;
