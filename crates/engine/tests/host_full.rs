@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use engine::flash::LossMode;
-use engine::{Db, Durability, Error};
+use engine::{Db, Durability, Error, Options};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -172,11 +172,18 @@ fn writes_stop_when_the_host_fills_and_resume_when_it_has_room() {
 #[test]
 fn a_store_opens_on_a_full_host_serves_reads_and_takes_writes_once_there_is_room() {
     let dev = nand_without_fallocate(16, LossMode::AllUnsynced);
-    let opts = background_opts(Durability::Sync);
+    // A memtable that holds all 300 puts: no flush runs before the crash,
+    // so the log has a tail to replay however the threads are scheduled.
+    let opts = Options {
+        memtable_bytes: 16 << 20,
+        memtable_log_bytes: 16 << 20,
+        ..background_opts(Durability::Sync)
+    };
     let db = open(&dev, &opts);
     for k in 0..300 {
         db.put(&key(k), &value_for(k, 1, 1500)).expect("put");
     }
+    assert!(db.stats().memtable_entries > 0, "{:?}", db.stats());
     // Crash with a log tail to replay: opening must flush it and checkpoint.
     crash(&dev, db, 2);
     dev.set_host_space(Some(0));
