@@ -172,8 +172,9 @@ fn writes_stop_when_the_host_fills_and_resume_when_it_has_room() {
 #[test]
 fn a_store_opens_on_a_full_host_serves_reads_and_takes_writes_once_there_is_room() {
     let dev = nand_without_fallocate(16, LossMode::AllUnsynced);
-    // A memtable that holds all 300 puts: no flush runs before the crash,
-    // so the log has a tail to replay however the threads are scheduled.
+    // A memtable that holds all 300 puts: none of them fills it, so they
+    // are still a log tail to replay at the crash however the threads are
+    // scheduled (asserted below).
     let opts = Options {
         memtable_bytes: 16 << 20,
         memtable_log_bytes: 16 << 20,
