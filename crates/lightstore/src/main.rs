@@ -56,34 +56,38 @@ enum Command {
     Mount(fs_cmd::MountArgs),
 }
 
-/// Lets memory freed by the allocator stay mapped for a second before
-/// mimalloc gives it back to the system (mimalloc v2's default is 10 ms;
-/// v3, which the `libmimalloc-sys` in Cargo.lock builds, already waits
-/// 1 s, and then this changes nothing). Buffers of
-/// replies and device reads are freed and allocated again all the time; a
-/// page given back is faulted in again on its next use, and a page fault in
-/// a virtual machine is expensive: at 10 ms the NBD adapter took up to 0.6
-/// page faults per random 8 KiB read in some runs (9 % of its CPU in the
-/// kernel's page clearing), at 1 s none (`bench/RESULTS.md`, session 18).
-/// Memory freed after a burst still goes back, a second later. An
+/// How long memory freed by the allocator stays mapped before mimalloc
+/// gives it back to the system, in milliseconds: ten seconds, jemalloc's
+/// default decay for freed ("dirty") pages.
+///
+/// Buffers of requests, replies, log chunks and device reads are freed and
+/// allocated again all the time, often on other threads, and a page given
+/// back is faulted in (and cleared) again on its next use: expensive in a
+/// virtual machine, and with transparent huge pages each fault clears
+/// 2 MiB. mimalloc's own defaults (10 ms in v2, 1 s in v3) are too short
+/// for a server's load, which pauses between bursts: at 10 ms the NBD
+/// adapter took up to 0.6 page faults per random 8 KiB read (session 18 in
+/// `bench/RESULTS.md`); at 1 s a node taking sequential block writes still
+/// faulted 28–45 thousand times per 3 GiB, a tenth of its CPU (session
+/// 31). Memory freed after a burst still goes back, ten seconds later. An
 /// operator's `MIMALLOC_PURGE_DELAY` wins.
-fn keep_freed_memory_a_second() {
-    use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};
-    /// `mi_option_purge_delay` (its place in mimalloc's option enum, v2 and
-    /// v3 alike; the Rust bindings do not name it).
-    const PURGE_DELAY: mi_option_t = 15;
-    /// mimalloc v2's default purge delay, ms: seeing it confirms the
-    /// option (v3's default, 1,000 ms, needs no change).
-    const DEFAULT_MS: std::ffi::c_long = 10;
+const FREED_MEMORY_KEPT_MS: std::ffi::c_long = 10_000;
+
+/// `mi_option_purge_delay`: its place in mimalloc's option enum, v2 and v3
+/// alike (the Rust bindings do not name it).
+const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Sets mimalloc's purge delay to [`FREED_MEMORY_KEPT_MS`] unless the
+/// operator set `MIMALLOC_PURGE_DELAY`.
+fn keep_freed_memory_a_while() {
+    use libmimalloc_sys::mi_option_set;
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
         return;
     }
-    // SAFETY: reading and setting an allocator option by its documented
-    // index; mimalloc reads this option each time it schedules a purge.
+    // SAFETY: setting an allocator option by its documented index;
+    // mimalloc reads this option each time it schedules a purge.
     unsafe {
-        if mi_option_get(PURGE_DELAY) == DEFAULT_MS {
-            mi_option_set(PURGE_DELAY, 1000);
-        }
+        mi_option_set(PURGE_DELAY, FREED_MEMORY_KEPT_MS);
     }
 }
 
@@ -117,7 +121,7 @@ pub(crate) fn print_check(
 }
 
 fn main() {
-    keep_freed_memory_a_second();
+    keep_freed_memory_a_while();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -142,5 +146,23 @@ fn main() {
     if let Err(e) = result {
         eprintln!("lightstore: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The option index names mimalloc's purge delay: after the call,
+    /// mimalloc reports the delay set (or the operator's, if given).
+    #[test]
+    fn freed_memory_is_kept_ten_seconds_unless_the_operator_says_otherwise() {
+        keep_freed_memory_a_while();
+        // SAFETY: reading an allocator option by its documented index.
+        let now = unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) };
+        match std::env::var("MIMALLOC_PURGE_DELAY") {
+            Ok(ms) => assert_eq!(Some(now), ms.trim().parse().ok(), "operator's delay"),
+            Err(_) => assert_eq!(now, FREED_MEMORY_KEPT_MS),
+        }
     }
 }
