@@ -85,23 +85,34 @@ impl Db {
         mut keep: impl FnMut(usize, &mut Current<'_>) -> Result<bool>,
     ) -> Result<Vec<bool>> {
         let guards = self.key_locks.lock(ops.iter().map(key_of));
-        let mut distinct: Vec<&[u8]> = ops.iter().map(key_of).collect();
-        distinct.sort_unstable();
-        distinct.dedup();
+        // The batch's distinct keys in order, and each operation's place
+        // among them (sorted once; no hashing per operation).
+        let mut by_key: Vec<(&[u8], usize)> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| (key_of(op), i))
+            .collect();
+        by_key.sort_unstable();
+        let mut distinct: Vec<&[u8]> = Vec::with_capacity(by_key.len());
+        let mut slot_of = vec![0usize; ops.len()];
+        for (key, i) in by_key {
+            if distinct.last() != Some(&key) {
+                distinct.push(key);
+            }
+            slot_of[i] = distinct.len() - 1;
+        }
         let metas = self.multi_get_meta(&distinct)?;
+        debug_assert_eq!(metas.len(), distinct.len(), "one meta per key");
         // What each key holds as the batch is applied in order.
-        let mut current: std::collections::HashMap<&[u8], Current<'_>> = distinct
-            .into_iter()
+        let mut current: Vec<Current<'_>> = distinct
+            .iter()
             .zip(metas)
-            .map(|(k, m)| (k, Current::stored(self, k, m)))
+            .map(|(&k, m)| Current::stored(self, k, m))
             .collect();
         let mut kept = Vec::with_capacity(ops.len());
         let mut written = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
-            let key = key_of(op);
-            let slot = current
-                .entry(key)
-                .or_insert_with(|| Current::stored(self, key, None));
+            let slot = &mut current[slot_of[i]];
             let accept = keep(i, slot)?;
             if accept {
                 slot.set_written(op);
