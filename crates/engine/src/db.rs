@@ -1162,6 +1162,7 @@ impl DbInner {
                 || self.boot_checkpoint.lock().is_some()
                 || fstats.host_full,
             device_failed: self.vlog.failure(),
+            device_latency: self.flash.latency(),
         }
     }
 }

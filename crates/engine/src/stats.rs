@@ -112,4 +112,6 @@ pub struct Stats {
     /// Why every write is refused until the store is reopened (a device
     /// write or sync failed), if it is.
     pub device_failed: Option<String>,
+    /// How long each kind of device operation took since open.
+    pub device_latency: flash::DeviceLatencySnapshot,
 }

@@ -28,6 +28,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::error::{FlashError, Result};
+use crate::latency::DeviceOp;
 use crate::store::{Entry, EntryState, FlashStore};
 use crate::SegmentId;
 
@@ -95,14 +96,18 @@ impl FlashStore {
 
     /// [`crate::Device::prepare`] of segment `seg`'s whole range.
     fn prepare_segment(&self, seg: SegmentId) -> Result<()> {
-        self.dev
-            .prepare(self.segment_offset(seg), self.geo.segment_bytes())
+        self.device_op(DeviceOp::Prepare, || {
+            self.dev
+                .prepare(self.segment_offset(seg), self.geo.segment_bytes())
+        })
     }
 
     /// [`crate::Device::trim`] of segment `seg`'s whole range.
     fn trim_segment(&self, seg: SegmentId) -> Result<()> {
-        self.dev
-            .trim(self.segment_offset(seg), self.geo.segment_bytes())
+        self.device_op(DeviceOp::Trim, || {
+            self.dev
+                .trim(self.segment_offset(seg), self.geo.segment_bytes())
+        })
     }
 
     /// True while the host file system lacks room to back a segment: then

@@ -21,6 +21,7 @@ mod error;
 mod file;
 mod iopool;
 pub mod iotime;
+mod latency;
 mod nand;
 mod readqueue;
 mod stats;
@@ -32,6 +33,10 @@ pub use backing::Purpose;
 pub use device::{AlignedBuf, Device};
 pub use error::{FlashError, Result};
 pub use file::FileDevice;
+pub use latency::{
+    bucket_bound_us, bucket_of, micros, DeviceLatency, DeviceLatencySnapshot, DeviceOp, Histogram,
+    HistogramSnapshot, BUCKETS,
+};
 pub use nand::{LossMode, NandConfig, NandDevice};
 pub use readqueue::{read_now, DirectRead, ReadQueue, MAX_MERGED_READ, MAX_READ_GAP};
 pub use stats::{DeviceCounters, FlashStats};

@@ -21,12 +21,14 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use io_uring::{opcode, types, IoUring, Probe};
 
 use crate::device::{AlignedBuf, Device, UninitBuf};
 use crate::error::{FlashError, Result};
+use crate::latency::{DeviceLatency, DeviceOp};
 
 /// Largest single device read that reads of neighbouring extents are
 /// merged into (see [`DirectRead::covering`]).
@@ -49,6 +51,9 @@ pub struct DirectRead {
     /// starts, never zeroed first), or a slice of a covering read's (see
     /// [`DirectRead::fill_from`]: no copy). `None` until then.
     buf: Option<Bytes>,
+    /// Where a [`ReadQueue`] records how long the read took, queued to
+    /// reaped ([`DirectRead::timed_into`]).
+    latency: Option<Arc<DeviceLatency>>,
 }
 
 impl DirectRead {
@@ -61,7 +66,15 @@ impl DirectRead {
             offset,
             len,
             buf: None,
+            latency: None,
         }
+    }
+
+    /// Has a [`ReadQueue`] record this read's latency, from when it is
+    /// queued to when its completion is reaped, in `latency`.
+    pub(crate) fn timed_into(mut self, latency: Arc<DeviceLatency>) -> DirectRead {
+        self.latency = Some(latency);
+        self
     }
 
     /// Bytes it reads.
@@ -110,12 +123,9 @@ impl DirectRead {
         let start = reads.iter().map(|r| r.offset).min()?;
         let end = reads.iter().map(|r| r.end()).max()?;
         let len = usize::try_from(end - start).ok()?;
-        Some(DirectRead::new(
-            Arc::clone(&first.dev),
-            first.fd,
-            start,
-            len,
-        ))
+        let mut cover = DirectRead::new(Arc::clone(&first.dev), first.fd, start, len);
+        cover.latency = first.latency.clone();
+        Some(cover)
     }
 
     /// Completes this read from `cover`, a covering read of it (see
@@ -185,6 +195,8 @@ struct InFlight<T> {
     tag: T,
     /// Where the kernel writes what it reads.
     dest: UninitBuf,
+    /// When it was queued.
+    queued: Instant,
 }
 
 /// A ring of device reads that complete asynchronously (see the module doc).
@@ -280,6 +292,7 @@ impl<T> ReadQueue<T> {
             dest: UninitBuf::new(read.len),
             read,
             tag,
+            queued: Instant::now(),
         };
         let sqe = opcode::Read::new(types::Fd(entry.read.fd), entry.dest.as_mut_ptr(), len)
             .offset(entry.read.offset)
@@ -358,6 +371,9 @@ impl<T> ReadQueue<T> {
             // front of `dest` (none on an error), and is done with it.
             let filled = unsafe { entry.dest.assume_init_prefix(read.unwrap_or(0)) };
             entry.read.buf = Some(Bytes::from_owner(filled));
+            if let Some(latency) = &entry.read.latency {
+                latency.record(DeviceOp::Read, entry.queued.elapsed());
+            }
             let outcome = match read {
                 Ok(n) if n == entry.read.len => {
                     entry.read.dev.note_read(entry.read.offset, n);
@@ -469,6 +485,43 @@ mod tests {
             }
         }
         panic!("only {} of {want} reads completed", out.len());
+    }
+
+    /// Reads run on a queue are timed in their store's device latency,
+    /// one sample each, a covering read once for all it covers.
+    #[test]
+    fn queued_reads_are_timed_in_the_stores_latency() {
+        if !crate::io_uring_for_tests() {
+            return; // nothing to test where io_uring is off
+        }
+        let (_dir, store, seg) = file_store();
+        let reads = |store: &FlashStore| {
+            store
+                .latency()
+                .of(crate::DeviceOp::Read)
+                .map_or(0, |h| h.count)
+        };
+        let before = reads(&store);
+        let read = |page: u64| {
+            store
+                .direct_read(seg, page * u64::from(PS), PS as usize)
+                .unwrap()
+                .expect("a file device reads directly")
+        };
+        let mut q: ReadQueue<u64> = ReadQueue::new(4).unwrap();
+        for page in 0..3 {
+            q.submit(read(page), page).unwrap();
+        }
+        for (_, _, outcome) in wait_reap(&mut q, 3) {
+            outcome.unwrap();
+        }
+        assert_eq!(reads(&store), before + 3);
+        let parts = [read(4), read(5)];
+        let refs: Vec<&DirectRead> = parts.iter().collect();
+        let cover = DirectRead::covering(&refs).expect("one device");
+        q.submit(cover, 4).unwrap();
+        wait_reap(&mut q, 1).pop().expect("one read").2.unwrap();
+        assert_eq!(reads(&store), before + 4);
     }
 
     /// Reads of neighbouring and overlapping extents served by one read

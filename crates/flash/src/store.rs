@@ -21,6 +21,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -29,6 +30,7 @@ use parking_lot::Mutex;
 use crate::checkpoint::{self, HEADER_LEN};
 use crate::device::{AlignedBuf, Device};
 use crate::error::{FlashError, Result};
+use crate::latency::{DeviceLatency, DeviceLatencySnapshot, DeviceOp};
 use crate::readqueue::DirectRead;
 use crate::stats::FlashStats;
 use crate::superblock::Superblock;
@@ -179,6 +181,8 @@ pub struct FlashStore {
     /// Why a device sync failed, once one has: set for good (see
     /// [`FlashStore::sync`]).
     sync_failure: std::sync::OnceLock<String>,
+    /// How long each kind of device operation took ([`FlashStore::latency`]).
+    latency: Arc<DeviceLatency>,
 }
 
 fn round_up(n: u64, to: u64) -> Option<u64> {
@@ -261,6 +265,7 @@ impl FlashStore {
             }),
             checkpoints: AtomicU64::new(0),
             sync_failure: std::sync::OnceLock::new(),
+            latency: Arc::default(),
             dev,
         };
         // Erase everything (old superblock and checkpoints included), write the
@@ -337,6 +342,7 @@ impl FlashStore {
             }),
             checkpoints: AtomicU64::new(0),
             sync_failure: std::sync::OnceLock::new(),
+            latency: Arc::default(),
             dev,
         };
         let a = store.read_slot(0)?;
@@ -442,12 +448,14 @@ impl FlashStore {
     /// a checkpoint finds room even on a full host file system.
     fn write_slot(&self, slot: u64, bytes: &[u8]) -> Result<()> {
         let offset = self.slot_offset(slot);
-        self.dev.prepare(offset, self.slot_bytes)?;
+        self.device_op(DeviceOp::Prepare, || {
+            self.dev.prepare(offset, self.slot_bytes)
+        })?;
         let padded =
             round_up(bytes.len() as u64, u64::from(self.geo.page_size)).unwrap_or(self.slot_bytes);
         let mut buf = AlignedBuf::new_zeroed(padded as usize);
         buf[..bytes.len()].copy_from_slice(bytes);
-        self.dev.write_at(offset, &buf)
+        self.device_op(DeviceOp::Write, || self.dev.write_at(offset, &buf))
     }
 
     /// The store's geometry.
@@ -521,7 +529,7 @@ impl FlashStore {
             )));
         }
         let at = self.segment_offset(seg) + u64::from(page) * ps as u64;
-        crate::iotime::timed(|| self.dev.write_at(at, data))
+        self.device_op(DeviceOp::Write, || self.dev.write_at(at, data))
     }
 
     /// Validates a read of `len` bytes at byte `offset` of `seg`; returns the device offset.
@@ -546,7 +554,7 @@ impl FlashStore {
     /// must be multiples of [`IO_ALIGN`].
     pub fn read(&self, seg: SegmentId, offset: u64, buf: &mut [u8]) -> Result<()> {
         let at = self.read_offset(seg, offset, buf.len())?;
-        crate::iotime::timed(|| self.dev.read_at(at, buf))
+        self.device_op(DeviceOp::Read, || self.dev.read_at(at, buf))
     }
 
     /// A [`FlashStore::read`] of `len` bytes at byte `offset` of segment
@@ -559,10 +567,10 @@ impl FlashStore {
         len: usize,
     ) -> Result<Option<DirectRead>> {
         let at = self.read_offset(seg, offset, len)?;
-        Ok(self
-            .dev
-            .read_fd(at, len)
-            .map(|fd| DirectRead::new(Arc::clone(&self.dev), fd, at, len)))
+        Ok(self.dev.read_fd(at, len).map(|fd| {
+            DirectRead::new(Arc::clone(&self.dev), fd, at, len)
+                .timed_into(Arc::clone(&self.latency))
+        }))
     }
 
     /// Reads each `(segment, offset, len)` of `extents` into a buffer of its
@@ -580,7 +588,7 @@ impl FlashStore {
                 None => return Ok(None),
             }
         }
-        match crate::iotime::timed(|| crate::read_now(&mut reads)) {
+        match self.device_op(DeviceOp::Read, || crate::read_now(&mut reads)) {
             Some(Ok(())) => Ok(Some(
                 reads.into_iter().map(DirectRead::into_bytes).collect(),
             )),
@@ -595,7 +603,7 @@ impl FlashStore {
             let at = self.read_offset(*seg, *offset, buf.len())?;
             dev_reqs.push((at, &mut **buf));
         }
-        crate::iotime::timed(|| self.dev.read_many(&mut dev_reqs))
+        self.device_op(DeviceOp::Read, || self.dev.read_many(&mut dev_reqs))
     }
 
     /// Makes all completed writes durable.
@@ -608,7 +616,8 @@ impl FlashStore {
     /// devices) is reported as such and stops the device anyway.
     pub fn sync(&self) -> Result<()> {
         self.check_synced()?;
-        crate::iotime::timed(|| self.dev.sync()).map_err(|e| self.note_sync_failure(e))
+        self.device_op(DeviceOp::Sync, || self.dev.sync())
+            .map_err(|e| self.note_sync_failure(e))
     }
 
     /// `Err(SyncFailed)` once a device sync has failed.
@@ -632,6 +641,23 @@ impl FlashStore {
     /// durable until the store is reopened).
     pub fn sync_failure(&self) -> Option<&str> {
         self.sync_failure.get().map(String::as_str)
+    }
+
+    /// How long each kind of device operation took since the store was
+    /// opened (see [`crate::DeviceLatency`]).
+    pub fn latency(&self) -> DeviceLatencySnapshot {
+        self.latency.snapshot()
+    }
+
+    /// Runs one device operation `f`: its time is charged to the calling
+    /// thread ([`crate::iotime`]) and recorded as `op` in [`Self::latency`].
+    pub(crate) fn device_op<T>(&self, op: DeviceOp, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = f();
+        let took = start.elapsed();
+        crate::iotime::charge(took);
+        self.latency.record(op, took);
+        out
     }
 
     /// Releases a Used segment: it becomes PendingFree, and Free (erased) only
@@ -680,7 +706,8 @@ impl FlashStore {
             target,
             &checkpoint::encode(self.format_id, sequence, &table, user),
         )?;
-        self.dev.sync().map_err(|e| self.note_sync_failure(e))?;
+        self.device_op(DeviceOp::Sync, || self.dev.sync())
+            .map_err(|e| self.note_sync_failure(e))?;
         *newest = Newest {
             slot: target,
             sequence,

@@ -572,3 +572,30 @@ fn checkpoint_survives_power_cut_at_every_page_write() {
         }
     }
 }
+
+/// Every kind of device operation the store runs is timed: preparing a
+/// segment, writing, reading, syncing, and trimming what a checkpoint
+/// released.
+#[test]
+fn device_operations_are_timed_by_kind() {
+    on_both(|name, dev| {
+        let store = FlashStore::format(dev, &opts()).unwrap();
+        let count = |op: DeviceOp| store.latency().of(op).map_or(0, |h| h.count);
+        let before: Vec<u64> = DeviceOp::ALL.iter().map(|&op| count(op)).collect();
+        let (seg, _) = store.allocate(0).unwrap();
+        store.write(seg, 0, &page_of(7)).unwrap();
+        store.sync().unwrap();
+        assert_eq!(read_page(&store, seg, 0), page_of(7), "{name}");
+        store.release(seg).unwrap();
+        store.checkpoint(b"").unwrap();
+        for (op, was) in DeviceOp::ALL.iter().zip(before) {
+            assert!(count(*op) > was, "{name}: no {} timed", op.name());
+        }
+        let write = store
+            .latency()
+            .of(DeviceOp::Write)
+            .cloned()
+            .unwrap_or_default();
+        assert!(write.max_us <= write.sum_us, "{name}: {write:?}");
+    });
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use engine::flash::{Device, FileDevice, DEFAULT_PAGE_SIZE};
+use engine::flash::{Device, DeviceOp, FileDevice, DEFAULT_PAGE_SIZE};
 use engine::{BatchOp, Db, Durability, Options, Stats};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -123,6 +123,10 @@ pub struct Report {
     /// Keytable bytes in each level, L1 first.
     level_bytes: Vec<u64>,
     write_throttle_ms: u64,
+    /// The slowest device write and sync since the store was opened (prefill
+    /// included), microseconds: whether the latency tail is the device's.
+    device_write_max_us: u64,
+    device_sync_max_us: u64,
     /// Writes already in the store when the timed run started (a reused
     /// store, the fill before a read workload, or `--prefill`).
     writes_before: u64,
@@ -437,8 +441,15 @@ fn make_report(
         keytable_bytes_written: after.compaction_bytes_written - before.compaction_bytes_written,
         level_bytes: after.bytes_per_level.clone(),
         write_throttle_ms: (after.write_throttle_micros - before.write_throttle_micros) / 1000,
+        device_write_max_us: device_max_us(after, DeviceOp::Write),
+        device_sync_max_us: device_max_us(after, DeviceOp::Sync),
         writes_before: before.last_seq,
     }
+}
+
+/// The slowest `op` on the device since the store was opened, microseconds.
+fn device_max_us(stats: &Stats, op: DeviceOp) -> u64 {
+    stats.device_latency.of(op).map_or(0, |h| h.max_us)
 }
 
 fn print_report(r: &Report) {
@@ -480,6 +491,10 @@ fn print_report(r: &Report) {
     println!(
         "  compactions     {}   write throttle {} ms",
         r.compactions, r.write_throttle_ms
+    );
+    println!(
+        "  device (us)     slowest write {}  slowest sync {}",
+        r.device_write_max_us, r.device_sync_max_us
     );
     let mib = |b: u64| b >> 20;
     let levels: Vec<String> = r.level_bytes.iter().map(|&b| mib(b).to_string()).collect();

@@ -88,6 +88,14 @@ fn metrics_endpoint_and_info_commandstats() {
     assert!(sample(&body, "lightstore_engine_segments_free").is_some_and(|v| v > 0.0));
     assert!(body.contains("lightstore_engine_dram_bytes{part=\"index\"}"));
     assert!(body.contains("lightstore_engine_write_amplification "));
+    // Device operations by kind; the synced SETs above wrote and synced.
+    for op in ["write", "sync"] {
+        let count = sample(
+            &body,
+            &format!("lightstore_device_operation_seconds_count{{op=\"{op}\"}}"),
+        );
+        assert!(count.is_some_and(|c| c >= 1.0), "{op}: {count:?}");
+    }
 
     let (status, _) = http_get(&addr, "/nope");
     assert!(status.starts_with("HTTP/1.1 404"), "{status}");
@@ -248,6 +256,31 @@ fn lone_gets_are_read_on_the_network_thread() {
     args.push(b"fresh");
     want.push(Resp::Bulk(b"in memory".to_vec()));
     assert_eq!(call(&mut conn, &args), Resp::Array(want));
+    // The device reads behind them are timed, like every other device
+    // operation since the restart: INFO device.
+    let reads = device_stat(&n, "read");
+    assert!(reads.0 >= KEYS as u64, "{} device reads timed", reads.0);
+    assert!(reads.1 > 0, "slowest device read took 0 µs");
+}
+
+/// `(calls, max)` of one operation in INFO device, whose every line holds
+/// the same fields as INFO commandstats and the slowest call's time.
+fn device_stat(n: &Node, op: &str) -> (u64, u64) {
+    let info = n.cli(&["info", "device"]);
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("device_{op}:")))
+        .unwrap_or_else(|| panic!("no device_{op} in {info}"));
+    let field = |k: &str| -> u64 {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {line}"))
+    };
+    for k in ["usec", "p50", "p99", "p999"] {
+        field(k);
+    }
+    (field("calls"), field("max"))
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! INFO: server, clients, stats, commandstats (calls, time and log2-bucket
 //! percentiles in microseconds per command), latency_breakdown (protocol,
-//! queue and engine time), engine, handoff (hints kept for other nodes,
+//! queue and engine time), engine, device (the same per device operation,
+//! with the slowest one), handoff (hints kept for other nodes,
 //! see `hints.rs`) and keyspace sections as
 //! `name:value` lines (verbatim text in RESP3).
 
@@ -20,6 +21,7 @@ const SECTIONS: &[&str] = &[
     "commandstats",
     "latency_breakdown",
     "engine",
+    "device",
     "handoff",
     "keyspace",
 ];
@@ -44,6 +46,20 @@ pub fn info(state: &NodeState, args: &[Bytes]) -> Reply {
         }
     }
     Reply::Verbatim(out)
+}
+
+/// `calls=…,usec=…,usec_per_call=…,p50=…,p99=…,p999=…` (microseconds; the
+/// percentiles are log2 bucket bounds), as Redis's `INFO commandstats`.
+fn latency_fields(h: &flash::HistogramSnapshot) -> String {
+    let per_call = h.sum_us as f64 / h.count.max(1) as f64;
+    format!(
+        "calls={},usec={},usec_per_call={per_call:.2},p50={},p99={},p999={}",
+        h.count,
+        h.sum_us,
+        h.quantile_us(0.5),
+        h.quantile_us(0.99),
+        h.quantile_us(0.999)
+    )
 }
 
 fn render(state: &NodeState, section: &str, out: &mut String) {
@@ -108,17 +124,14 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
         }
         "commandstats" => {
             for (name, h) in state.metrics.commands() {
-                let per_call = h.sum_us as f64 / h.count.max(1) as f64;
+                line(&format!("cmdstat_{name}"), &latency_fields(&h));
+            }
+        }
+        "device" => {
+            for (op, h) in state.db.stats().device_latency.0 {
                 line(
-                    &format!("cmdstat_{name}"),
-                    &format!(
-                        "calls={},usec={},usec_per_call={per_call:.2},p50={},p99={},p999={}",
-                        h.count,
-                        h.sum_us,
-                        h.quantile_us(0.5),
-                        h.quantile_us(0.99),
-                        h.quantile_us(0.999)
-                    ),
+                    &format!("device_{}", op.name()),
+                    &format!("{},max={}", latency_fields(&h), h.max_us),
                 );
             }
         }

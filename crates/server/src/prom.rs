@@ -1,5 +1,6 @@
 //! Prometheus text exposition format 0.0.4 of the node's metrics: the
-//! per-command latency histogram, phase time counters and engine gauges.
+//! per-command and per-device-operation latency histograms, phase time
+//! counters and engine gauges.
 
 use std::fmt::Write;
 
@@ -15,7 +16,26 @@ pub fn render(
     engine: &engine::Stats,
 ) -> String {
     let mut out = String::new();
-    histogram(&mut out, commands);
+    histogram(
+        &mut out,
+        "lightstore_command_duration_seconds",
+        "Time a request spent in the node, by command.",
+        "command",
+        commands,
+    );
+    let device: Vec<(&str, HistogramSnapshot)> = engine
+        .device_latency
+        .0
+        .iter()
+        .map(|(op, h)| (op.name(), h.clone()))
+        .collect();
+    histogram(
+        &mut out,
+        "lightstore_device_operation_seconds",
+        "Time a device operation took, by operation (see INFO device).",
+        "op",
+        &device,
+    );
     header(
         &mut out,
         "lightstore_request_phase_seconds_total",
@@ -54,30 +74,31 @@ fn secs(us: u64) -> f64 {
     us as f64 / 1e6
 }
 
-fn histogram(out: &mut String, commands: &[(&str, HistogramSnapshot)]) {
-    const NAME: &str = "lightstore_command_duration_seconds";
-    header(
-        out,
-        NAME,
-        "histogram",
-        "Time a request spent in the node, by command.",
-    );
-    for (cmd, h) in commands {
+/// One Prometheus histogram `name`, a series per `(label value, histogram)`.
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    series: &[(&str, HistogramSnapshot)],
+) {
+    header(out, name, "histogram", help);
+    for (value, h) in series {
         let mut cumulative = 0;
         for (i, n) in h.buckets.iter().enumerate() {
             cumulative += n;
             let le = secs(bucket_bound_us(i));
             let _ = writeln!(
                 out,
-                "{NAME}_bucket{{command=\"{cmd}\",le=\"{le}\"}} {cumulative}"
+                "{name}_bucket{{{label}=\"{value}\",le=\"{le}\"}} {cumulative}"
             );
         }
         let _ = writeln!(
             out,
-            "{NAME}_bucket{{command=\"{cmd}\",le=\"+Inf\"}} {cumulative}"
+            "{name}_bucket{{{label}=\"{value}\",le=\"+Inf\"}} {cumulative}"
         );
-        let _ = writeln!(out, "{NAME}_sum{{command=\"{cmd}\"}} {}", secs(h.sum_us));
-        let _ = writeln!(out, "{NAME}_count{{command=\"{cmd}\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum{{{label}=\"{value}\"}} {}", secs(h.sum_us));
+        let _ = writeln!(out, "{name}_count{{{label}=\"{value}\"}} {cumulative}");
     }
 }
 
@@ -165,7 +186,7 @@ fn engine_gauges(out: &mut String, s: &engine::Stats) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::BUCKETS;
+    use flash::BUCKETS;
 
     #[test]
     fn histogram_buckets_are_cumulative_with_inf_and_count() {
@@ -176,6 +197,7 @@ mod tests {
             buckets,
             count: 3,
             sum_us: 10,
+            max_us: 7,
         };
         let text = render(
             &[("get", h)],
