@@ -289,8 +289,10 @@ impl Inner {
             self.config.connect_timeout(),
             self.config.password.as_deref(),
         )?;
-        // A connection is used with the call timeout from here on.
+        // A connection is used with the call timeout from here on, and
+        // waits longer on a node that is busy but alive.
         c.set_timeout(self.config.timeout());
+        c.set_busy_limit(self.config.busy_limit());
         // Which run of the node it reaches, before any use (`runs.rs`); a
         // node that does not know RUNID is not tracked.
         match c.call(&[&b"RUNID"[..]]) {

@@ -34,9 +34,19 @@ pub struct ClusterConfig {
     /// missed writes while it was away serves them stale until repaired.
     #[serde(default)]
     pub read_quorum: Option<usize>,
-    /// Timeout of one call to a node, milliseconds (default 2000).
+    /// Timeout of one call to a node, milliseconds (default 2000). A node
+    /// that has not answered by then is asked whether it is alive (a
+    /// `PING` on a fresh connection): a node that answers is busy, not
+    /// down, and the call waits on, up to `busy_timeout_ms`; one that does
+    /// not answer is marked down.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Longest a call waits on a node that is slow but alive, milliseconds
+    /// (default 30000, the engine's longest write stall): a disk that
+    /// stalls for seconds makes calls slow, not failed. At most
+    /// `timeout_ms` turns the probe off.
+    #[serde(default = "default_busy_timeout_ms")]
+    pub busy_timeout_ms: u64,
     /// Timeout of opening a connection, milliseconds (default 1000).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
@@ -58,6 +68,9 @@ pub const PASSWORD_ENV: &str = "LIGHTSTORE_PASSWORD";
 fn default_timeout_ms() -> u64 {
     2000
 }
+fn default_busy_timeout_ms() -> u64 {
+    30_000
+}
 fn default_connect_timeout_ms() -> u64 {
     1000
 }
@@ -74,6 +87,7 @@ impl ClusterConfig {
             write_quorum: None,
             read_quorum: None,
             timeout_ms: default_timeout_ms(),
+            busy_timeout_ms: default_busy_timeout_ms(),
             connect_timeout_ms: default_connect_timeout_ms(),
             retry_interval_ms: default_retry_ms(),
             password: None,
@@ -93,8 +107,8 @@ impl ClusterConfig {
     }
 
     /// Reads a TOML file (`nodes = ["127.0.0.1:7400", ...]`, `replicas`,
-    /// `write_quorum`, `read_quorum`, `timeout_ms`, `connect_timeout_ms`,
-    /// `retry_interval_ms`, `password`).
+    /// `write_quorum`, `read_quorum`, `timeout_ms`, `busy_timeout_ms`,
+    /// `connect_timeout_ms`, `retry_interval_ms`, `password`).
     pub fn from_file(path: &Path) -> Result<ClusterConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
@@ -180,6 +194,13 @@ impl ClusterConfig {
         Duration::from_millis(self.timeout_ms)
     }
 
+    /// The longest wait on a node that is busy but alive (`None`: a call
+    /// fails at the call timeout).
+    pub fn busy_limit(&self) -> Option<Duration> {
+        (self.busy_timeout_ms > self.timeout_ms)
+            .then(|| Duration::from_millis(self.busy_timeout_ms))
+    }
+
     /// The connect timeout.
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
@@ -220,6 +241,11 @@ mod tests {
         assert!(c.validate().is_err());
         c.read_quorum = Some(1);
         assert!(c.validate().is_ok());
+        // A slow node is waited on for 30 s by default; a busy timeout not
+        // above the call timeout turns that off.
+        assert_eq!(c.busy_limit(), Some(Duration::from_secs(30)));
+        c.busy_timeout_ms = c.timeout_ms;
+        assert_eq!(c.busy_limit(), None);
     }
 
     #[test]

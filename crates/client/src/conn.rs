@@ -66,13 +66,21 @@ impl Stream {
     }
 
     /// Writes every byte of `bufs`, in as few system calls as the kernel
-    /// allows.
-    fn write_all_vectored(&mut self, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    /// allows. A write that times out (the peer reads nothing for the
+    /// socket's write timeout) goes on if `wait_on()` says so.
+    fn write_all_vectored(
+        &mut self,
+        mut bufs: &mut [IoSlice<'_>],
+        mut wait_on: impl FnMut() -> bool,
+    ) -> std::io::Result<()> {
         while !bufs.is_empty() {
             match self.write_vectored(bufs) {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
                 Ok(n) => IoSlice::advance_slices(&mut bufs, n),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+                        && wait_on() => {}
                 Err(e) => return Err(e),
             }
         }
@@ -173,6 +181,26 @@ pub struct Conn {
     write_timeout: Option<Duration>,
     /// The node's run this connection talks to (`RUNID`; 0: unknown).
     pub(crate) run: u64,
+    /// How long a call may wait on a node that is slow but answers a
+    /// liveness probe (`None`: it fails at the call timeout). See
+    /// [`Conn::set_busy_limit`].
+    busy_limit: Option<Duration>,
+}
+
+/// The longest a liveness probe waits for its answer.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether `node` answers a `PING` on a fresh connection within `wait`.
+/// Any reply counts, an error (`NOAUTH`) included: it shows that the
+/// node's network thread serves, whatever its device is doing.
+fn node_answers(node: &str, wait: Duration) -> bool {
+    match Conn::open(node, wait, None) {
+        Ok(mut probe) => matches!(
+            probe.call(&[b"PING"]),
+            Ok(_) | Err(ClientError::Server { .. })
+        ),
+        Err(_) => false,
+    }
 }
 
 /// A read's socket timeout is the time left to the call's deadline rounded
@@ -229,6 +257,7 @@ impl Conn {
             read_timeout: None,
             write_timeout: None,
             run: 0,
+            busy_limit: None,
         };
         if let Some(pw) = password {
             conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;
@@ -270,6 +299,36 @@ impl Conn {
         self.timeout = timeout;
     }
 
+    /// Lets later calls wait up to `limit` on a node that is slow but
+    /// alive. A call that gets no answer (or cannot write its request)
+    /// within the call timeout then probes the node ([`node_answers`]): if
+    /// it answers, its device or engine is busy (a disk that stalls for a
+    /// second or two under a burst of writes), the call waits another call
+    /// timeout, and so on up to `limit`; if it does not, or at `limit`, the
+    /// call fails with [`ClientError::Timeout`] as before. A stopped or
+    /// hung node is still given up after the call timeout and one probe.
+    pub fn set_busy_limit(&mut self, limit: Option<Duration>) {
+        self.busy_limit = limit;
+    }
+
+    /// How long a probe waits: half the call timeout, at most [`PROBE_WAIT`].
+    fn probe_wait(&self) -> Duration {
+        (self.timeout / 2).min(PROBE_WAIT)
+    }
+
+    /// Whether a call that started at `started` and has waited a call
+    /// timeout may wait on (see [`Conn::set_busy_limit`]).
+    fn node_busy_not_down(&self, started: Instant) -> bool {
+        let Some(limit) = self.busy_limit else {
+            return false;
+        };
+        if started.elapsed() >= limit || !node_answers(&self.node, self.probe_wait()) {
+            return false;
+        }
+        tracing::debug!(node = %self.node, waited = ?started.elapsed(), "node slow but alive; the call waits on");
+        true
+    }
+
     /// Sends one request and returns its reply. An error reply is returned
     /// as [`ClientError::Server`].
     pub fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Result<Reply> {
@@ -309,18 +368,40 @@ impl Conn {
                 .map_err(|e| self.io(e))?;
             self.write_timeout = Some(self.timeout);
         }
-        self.stream
-            .write_all_vectored(&mut slices)
-            .map_err(|e| self.io(e))
+        let started = Instant::now();
+        let (node, limit, probe_wait) = (&self.node, self.busy_limit, self.probe_wait());
+        let wait_on = || {
+            limit.is_some_and(|limit| started.elapsed() < limit && node_answers(node, probe_wait))
+        };
+        let written = self.stream.write_all_vectored(&mut slices, wait_on);
+        written.map_err(|e| self.io(e))
     }
 
     /// Reads the replies of `n` requests sent before, in order, within the
-    /// call timeout. Error replies are returned as [`Reply::Error`].
+    /// call timeout (longer for a node that is busy but alive, see
+    /// [`Conn::set_busy_limit`]). Error replies are returned as
+    /// [`Reply::Error`].
     pub fn receive(&mut self, n: usize) -> Result<Vec<Reply>> {
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
+        let mut deadline = started + self.timeout;
         let mut replies = Vec::with_capacity(n);
         while replies.len() < n {
-            replies.push(self.read_reply(deadline)?);
+            match self.read_reply(deadline) {
+                Ok(reply) => replies.push(reply),
+                // What arrived so far stays pending: reading goes on.
+                Err(ClientError::Timeout { .. }) if self.node_busy_not_down(started) => {
+                    let limit = self.busy_limit.unwrap_or(self.timeout);
+                    deadline = (Instant::now() + self.timeout).min(started + limit);
+                }
+                Err(ClientError::Timeout { node, .. }) => {
+                    return Err(ClientError::Timeout {
+                        node,
+                        timeout: Duration::from_millis(started.elapsed().as_millis() as u64)
+                            .max(self.timeout),
+                    })
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(replies)
     }
@@ -451,6 +532,8 @@ mod tests {
     use super::*;
     use protocol::RespVersion;
     use std::os::unix::net::UnixListener;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
 
     /// A fake node on a Unix socket: reads `expect` bytes, checks them,
     /// then writes `replies` a few bytes at a time.
@@ -547,6 +630,117 @@ mod tests {
         );
         assert!(matches!(&got[1], Reply::Bulk(b) if *b == huge));
         assert!(matches!(&got[2], Reply::Array(a) if a.len() == 2));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A fake node on `path` whose first connection answers its first
+    /// `PING` after `delay`; every other connection (a probe) is answered
+    /// at once, or never when `probes_answered` is false. It serves until
+    /// `stop` is set.
+    fn slow_node(
+        path: &Path,
+        delay: Duration,
+        probes_answered: bool,
+        stop: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        let listener = UnixListener::bind(path).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        std::thread::spawn(move || {
+            let mut first = true;
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((mut s, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                s.set_nonblocking(false).expect("blocking");
+                let answer_after = match (first, probes_answered) {
+                    (true, _) => Some(delay),
+                    (false, true) => Some(Duration::ZERO),
+                    (false, false) => None,
+                };
+                first = false;
+                let stop = stop.clone();
+                // Detached: a silent probe's connection stays open until
+                // the test is done.
+                std::thread::spawn(move || {
+                    let mut req = [0u8; 14]; // *1\r\n$4\r\nPING\r\n
+                    if s.read_exact(&mut req).is_err() {
+                        return;
+                    }
+                    match answer_after {
+                        Some(d) => {
+                            std::thread::sleep(d);
+                            let _ = s.write_all(b"+PONG\r\n");
+                        }
+                        None => {
+                            while !stop.load(Ordering::Relaxed) {
+                                std::thread::sleep(Duration::from_millis(10));
+                            }
+                        }
+                    }
+                });
+            }
+        })
+    }
+
+    /// A node that answers probes but takes 2.5 call timeouts to answer a
+    /// call (its disk stalled) is waited for; without a busy limit the
+    /// call fails at the call timeout, as before.
+    #[test]
+    fn a_busy_node_that_answers_probes_is_waited_for() {
+        let dir = fresh_dir("busy");
+        let timeout = Duration::from_millis(300);
+        let delay = timeout * 5 / 2;
+        for limit in [Some(Duration::from_secs(5)), None] {
+            let path = dir.join(format!("node-{}.sock", limit.is_some()));
+            let stop = Arc::new(AtomicBool::new(false));
+            let node = slow_node(&path, delay, true, stop.clone());
+            let addr = format!("unix:{}", path.display());
+            let mut conn = Conn::open(&addr, timeout, None).expect("open");
+            conn.set_busy_limit(limit);
+            let start = Instant::now();
+            let got = conn.call(&[b"PING"]);
+            let took = start.elapsed();
+            match limit {
+                Some(_) => {
+                    assert!(
+                        matches!(got, Ok(Reply::Status(ref s)) if *s == "PONG"),
+                        "{got:?}"
+                    );
+                    assert!(took >= delay, "answered after {took:?}");
+                }
+                None => {
+                    assert!(matches!(got, Err(ClientError::Timeout { .. })), "{got:?}");
+                    assert!(took < delay, "waited {took:?}");
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            node.join().expect("node");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A node that answers neither the call nor a probe (stopped, hung) is
+    /// given up after the call timeout and one probe, busy limit or not,
+    /// and the error says how long the call waited.
+    #[test]
+    fn a_node_that_answers_no_probe_is_given_up_at_the_call_timeout() {
+        let dir = fresh_dir("hung");
+        let path = dir.join("node.sock");
+        let timeout = Duration::from_millis(300);
+        let stop = Arc::new(AtomicBool::new(false));
+        let node = slow_node(&path, Duration::from_secs(3), false, stop.clone());
+        let addr = format!("unix:{}", path.display());
+        let mut conn = Conn::open(&addr, timeout, None).expect("open");
+        conn.set_busy_limit(Some(Duration::from_secs(20)));
+        let start = Instant::now();
+        let err = conn.call(&[b"PING"]).expect_err("no reply");
+        let took = start.elapsed();
+        assert!(matches!(err, ClientError::Timeout { .. }), "{err:?}");
+        assert!(took >= timeout, "gave up after {took:?}");
+        assert!(took < timeout * 2 + timeout / 2, "waited {took:?}");
+        stop.store(true, Ordering::Relaxed);
+        node.join().expect("node");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
