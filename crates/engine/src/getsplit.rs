@@ -106,7 +106,7 @@ impl DbInner {
 }
 
 /// The newest entry for `key` at or below `seq` in `sv`, from DRAM only.
-fn probe_in(
+pub(crate) fn probe_in(
     db: &DbInner,
     sv: &SuperVersion,
     key: &[u8],

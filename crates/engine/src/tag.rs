@@ -20,7 +20,7 @@ use crate::db::{BatchOp, Db};
 use crate::error::Result;
 use crate::record::HEADER_LEN;
 use crate::types::{Entry, Kind, ValueBytes};
-use crate::version::Finger;
+use crate::version::{Finger, Probe};
 
 /// First byte of a value that carries a tag.
 pub const TAG_MAGIC: u8 = 0xF1;
@@ -108,6 +108,25 @@ impl Db {
                     .map(|e| ValueMeta::of(&e)))
             })
             .collect()
+    }
+
+    /// [`Db::multi_get_meta`] from DRAM alone, for a caller that must not
+    /// wait for the device (the node's network thread): the same answers,
+    /// or `None` when some key's keytable block is not cached and only
+    /// `multi_get_meta` can answer.
+    pub fn try_multi_get_meta(&self, keys: &[&[u8]]) -> Result<Option<Vec<Option<ValueMeta>>>> {
+        let (sv, seq) = self.inner.read_view(None);
+        let mut finger = Finger::default();
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            match crate::getsplit::probe_in(&self.inner, &sv, k, seq, &mut finger)? {
+                Probe::Found(e) => {
+                    out.push(e.filter(|e| e.kind == Kind::Put).map(|e| ValueMeta::of(&e)))
+                }
+                Probe::NeedsRead => return Ok(None),
+            }
+        }
+        Ok(Some(out))
     }
 
     /// Up to `limit` live keys of `[start, end)` (empty `end`: unbounded)

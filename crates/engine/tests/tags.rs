@@ -39,6 +39,11 @@ fn expected_tag(v: &[u8]) -> Tagging {
 fn check(db: &engine::Db, model: &BTreeMap<Vec<u8>, Vec<u8>>, keys: &[Vec<u8>], when: &str) {
     let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
     let metas = db.multi_get_meta(&refs).expect("meta");
+    // From DRAM alone (the node's network thread): the same answers, or
+    // none at all when a keytable block is not cached.
+    if let Some(fast) = db.try_multi_get_meta(&refs).expect("try meta") {
+        assert_eq!(fast, metas, "{when}: metadata from DRAM alone");
+    }
     for (k, m) in keys.iter().zip(metas) {
         match (model.get(k), m) {
             (None, None) => {}
@@ -189,4 +194,34 @@ fn tag_decisions_read_no_values() {
         "decisions read {} bytes: values were read",
         reads.bytes
     );
+}
+
+/// `try_multi_get_meta` answers what `multi_get_meta` answers while the
+/// keytable blocks it needs are cached, and declines, without reading the
+/// device, when one is not.
+#[test]
+fn metadata_from_dram_alone_matches_or_declines() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    for k in 0..500 {
+        db.put(&key(k), &value_for(k, 1, 100)).expect("put");
+    }
+    db.maintenance().expect("flush");
+    let keys: Vec<Vec<u8>> = (0..520).map(key).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let slow = db.multi_get_meta(&refs).expect("meta");
+    assert_eq!(slow.iter().filter(|m| m.is_some()).count(), 500);
+    let (fast, reads) = reads_during(&dev, || db.try_multi_get_meta(&refs).expect("try"));
+    assert_eq!(fast, Some(slow.clone()), "cached: the same answers");
+    assert_eq!(reads.ops, 0);
+    // No keytable block stays cached: it declines, and reads nothing.
+    let cold = Options {
+        cache_bytes: 0,
+        ..small_opts()
+    };
+    let db = reopened(&dev, db, &cold);
+    let (fast, reads) = reads_during(&dev, || db.try_multi_get_meta(&refs).expect("try"));
+    assert_eq!(fast, None, "a block to read: declined");
+    assert_eq!(reads.ops, 0, "declined without a device read");
+    assert_eq!(db.multi_get_meta(&refs).expect("meta"), slow);
 }

@@ -256,6 +256,38 @@ fn lone_gets_are_read_on_the_network_thread() {
     args.push(b"fresh");
     want.push(Resp::Bulk(b"in memory".to_vec()));
     assert_eq!(call(&mut conn, &args), Resp::Array(want));
+    // A lone VMETA (half of a consistent read's requests) is answered on
+    // the network thread from the index, the same as the pool answers it.
+    assert_eq!(
+        call(&mut conn, &[b"VSET", b"v", b"5", b"five"]),
+        Resp::Int(1)
+    );
+    let net_vmetas = || info_field(&n, "stats", "net_vmetas").expect("net_vmetas");
+    let before = net_vmetas();
+    let Resp::Array(meta) = call(&mut conn, &[b"VMETA", b"v", b"missing", b"key0"]) else {
+        panic!("VMETA reply");
+    };
+    assert_eq!(
+        net_vmetas(),
+        before + 1,
+        "the VMETA ran on the network thread"
+    );
+    assert_eq!(meta.len(), 3);
+    assert_eq!(meta[1], Resp::Nil);
+    let Resp::Array(fields) = &meta[0] else {
+        panic!("VMETA entry {:?}", meta[0]);
+    };
+    assert_eq!(fields[0], Resp::Bulk(b"5".to_vec()));
+    assert_eq!(fields[2], Resp::Int(14), "10-byte header + 'five'");
+    let Resp::Array(plain) = &meta[2] else {
+        panic!("VMETA entry {:?}", meta[2]);
+    };
+    assert_eq!(
+        plain[0],
+        Resp::Bulk(b"0".to_vec()),
+        "a plain value is version 0"
+    );
+    assert_eq!(plain[2], Resp::Int(value(0).len() as i64));
     // The device reads behind them are timed, like every other device
     // operation since the restart: INFO device.
     let reads = device_stat(&n, "read");

@@ -115,6 +115,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("reply_timeouts", &get(&c.reply_timeouts));
             line("inline_sets", &get(&c.inline_sets));
             line("net_gets", &get(&c.net_gets));
+            line("net_vmetas", &get(&c.net_vmetas));
             for ((_, name, _), calls) in COMMANDS.iter().zip(&c.calls) {
                 let n = get(calls);
                 if n > 0 {

@@ -32,6 +32,8 @@ pub struct Counters {
     pub inline_sets: AtomicU64,
     /// GETs answered on the network thread (no executor hand-off).
     pub net_gets: AtomicU64,
+    /// VMETAs answered on the network thread (no executor hand-off).
+    pub net_vmetas: AtomicU64,
     /// Calls per entry of [`COMMANDS`].
     pub calls: Vec<AtomicU64>,
 }
@@ -47,6 +49,7 @@ impl Counters {
             commands: AtomicU64::new(0),
             inline_sets: AtomicU64::new(0),
             net_gets: AtomicU64::new(0),
+            net_vmetas: AtomicU64::new(0),
             calls: COMMANDS.iter().map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -67,6 +70,7 @@ impl Counters {
             &self.commands,
             &self.inline_sets,
             &self.net_gets,
+            &self.net_vmetas,
         ]
         .into_iter()
         .chain(&self.calls)

@@ -292,6 +292,29 @@ pub fn vmeta(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     Ok(Reply::Array(out))
 }
 
+/// `VMETA` answered from DRAM alone (the network thread's path, no
+/// executor hand-off): `None` when a keytable block is not cached or an
+/// entry predates tags, and only [`vmeta`] can answer. A consistent read
+/// sends one to every replica but the first, so this is half its requests.
+pub fn try_vmeta(state: &NodeState, args: &[Bytes]) -> Option<Reply> {
+    let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
+    let metas = match state.db.try_multi_get_meta(&keys) {
+        Ok(Some(metas)) => metas,
+        // `vmeta` answers it, with the error if there is one.
+        Ok(None) | Err(_) => return None,
+    };
+    let mut out = Vec::with_capacity(keys.len());
+    for (key, meta) in keys.iter().zip(metas) {
+        out.push(match meta {
+            // The version is in the value: a device read.
+            Some(meta) if meta.tag == Tagging::Unknown => return None,
+            Some(meta) => digest(state, key, meta).ok()?,
+            None => Reply::Null,
+        });
+    }
+    Some(Reply::Array(out))
+}
+
 /// A key's digest as VMETA and `RANGE ... DIGESTS` send it: `[version,
 /// crc32c, length, deleted]`, or Null when the key vanished meanwhile.
 pub fn digest(state: &NodeState, key: &[u8], meta: ValueMeta) -> engine::Result<Reply> {
