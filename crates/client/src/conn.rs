@@ -203,6 +203,25 @@ fn node_answers(node: &str, wait: Duration) -> bool {
     }
 }
 
+/// Whether a call to `node` that started at `started` may wait on: it is
+/// within `limit` (`None`: never) and the node answers a probe within
+/// `probe_wait`. Free of `Conn` so a write in progress can ask it.
+fn busy_not_down(
+    node: &str,
+    limit: Option<Duration>,
+    probe_wait: Duration,
+    started: Instant,
+) -> bool {
+    let Some(limit) = limit else {
+        return false;
+    };
+    if started.elapsed() >= limit || !node_answers(node, probe_wait) {
+        return false;
+    }
+    tracing::debug!(node, waited = ?started.elapsed(), "node slow but alive; the call waits on");
+    true
+}
+
 /// A read's socket timeout is the time left to the call's deadline rounded
 /// down to a multiple of the call timeout over this: a fast call then
 /// leaves it as it was, and a read never waits past the deadline (one that
@@ -319,14 +338,7 @@ impl Conn {
     /// Whether a call that started at `started` and has waited a call
     /// timeout may wait on (see [`Conn::set_busy_limit`]).
     fn node_busy_not_down(&self, started: Instant) -> bool {
-        let Some(limit) = self.busy_limit else {
-            return false;
-        };
-        if started.elapsed() >= limit || !node_answers(&self.node, self.probe_wait()) {
-            return false;
-        }
-        tracing::debug!(node = %self.node, waited = ?started.elapsed(), "node slow but alive; the call waits on");
-        true
+        busy_not_down(&self.node, self.busy_limit, self.probe_wait(), started)
     }
 
     /// Sends one request and returns its reply. An error reply is returned
@@ -370,9 +382,7 @@ impl Conn {
         }
         let started = Instant::now();
         let (node, limit, probe_wait) = (&self.node, self.busy_limit, self.probe_wait());
-        let wait_on = || {
-            limit.is_some_and(|limit| started.elapsed() < limit && node_answers(node, probe_wait))
-        };
+        let wait_on = || busy_not_down(node, limit, probe_wait, started);
         let written = self.stream.write_all_vectored(&mut slices, wait_on);
         written.map_err(|e| self.io(e))
     }
