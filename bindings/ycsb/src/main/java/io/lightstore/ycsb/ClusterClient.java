@@ -10,6 +10,7 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.atomic.AtomicLong;
+import redis.clients.jedis.CommandArguments;
 import redis.clients.jedis.Connection;
 import redis.clients.jedis.DefaultJedisClientConfig;
 import redis.clients.jedis.HostAndPort;
@@ -49,8 +50,20 @@ public final class ClusterClient implements AutoCloseable {
 
   /** A connection whose requests can be sent now and answered later. */
   private static final class SplitConnection extends Connection {
-    SplitConnection(HostAndPort hp, JedisClientConfig cfg) {
-      super(hp, cfg);
+    private final PatientSockets sockets;
+
+    SplitConnection(PatientSockets sockets, JedisClientConfig cfg) {
+      super(sockets, cfg);
+      this.sockets = sockets;
+    }
+
+    @Override
+    public void sendCommand(CommandArguments args) {
+      // Null while Jedis's constructor sends its own setup commands.
+      if (sockets != null) {
+        sockets.callStarted();
+      }
+      super.sendCommand(args);
     }
 
     /** Writes one request to the socket without reading its reply. */
@@ -78,6 +91,8 @@ public final class ClusterClient implements AutoCloseable {
   });
   private static final AtomicLong CLOCK = new AtomicLong();
   private static final int MAX_PAGE = 1000;
+  /** Default busy timeout: the engine's longest write stall, as in the Rust client. */
+  static final int DEFAULT_BUSY_TIMEOUT_MS = 30_000;
 
   private final List<String> nodes;
   private final Ring ring;
@@ -85,6 +100,7 @@ public final class ClusterClient implements AutoCloseable {
   private final int writeQuorum;
   private final int readQuorum;
   private final int timeoutMs;
+  private final int busyTimeoutMs;
   private final long retryMs;
   private final String password;
   private final Jedis[] conns;
@@ -99,6 +115,16 @@ public final class ClusterClient implements AutoCloseable {
    */
   public ClusterClient(List<String> nodes, int replicas, int writeQuorum, int readQuorum,
       int timeoutMs, String password) {
+    this(nodes, replicas, writeQuorum, readQuorum, timeoutMs, DEFAULT_BUSY_TIMEOUT_MS, password);
+  }
+
+  /**
+   * As above, with the longest a call waits on a node that is slow but
+   * answers probes ({@code busyTimeoutMs}; at most {@code timeoutMs}: a call
+   * fails at {@code timeoutMs} whatever the node does). See {@link PatientSockets}.
+   */
+  public ClusterClient(List<String> nodes, int replicas, int writeQuorum, int readQuorum,
+      int timeoutMs, int busyTimeoutMs, String password) {
     if (nodes.isEmpty()) {
       throw new IllegalArgumentException("the cluster has no nodes");
     }
@@ -109,6 +135,7 @@ public final class ClusterClient implements AutoCloseable {
     this.writeQuorum = writeQuorum;
     this.readQuorum = readQuorum;
     this.timeoutMs = timeoutMs;
+    this.busyTimeoutMs = busyTimeoutMs;
     this.retryMs = 500;
     this.password = password;
     this.conns = new Jedis[nodes.size()];
@@ -150,7 +177,8 @@ public final class ClusterClient implements AutoCloseable {
       if (password != null) {
         cfg.password(password);
       }
-      raw[node] = new SplitConnection(hp, cfg.build());
+      raw[node] = new SplitConnection(new PatientSockets(hp, timeoutMs, busyTimeoutMs),
+          cfg.build());
       conns[node] = new Jedis(raw[node]);
     }
     return conns[node];

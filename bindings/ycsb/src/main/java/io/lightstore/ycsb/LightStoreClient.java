@@ -36,8 +36,10 @@ import site.ycsb.Status;
  * (default 2 with at least 2 nodes), {@code lightstore.writequorum} (default:
  * every replica that is up), {@code lightstore.readquorum} (default: every
  * replica that is up, newest copy wins; 1 reads one replica, faster but
- * possibly stale), {@code lightstore.timeoutms} (2000),
- * {@code lightstore.password}.
+ * possibly stale), {@code lightstore.timeoutms} (2000: a node silent that
+ * long is probed, and marked down unless it answers),
+ * {@code lightstore.busytimeoutms} (30000: the longest a call waits on a node
+ * that answers probes), {@code lightstore.password}.
  */
 public class LightStoreClient extends DB {
   private ClusterClient cluster;
@@ -61,6 +63,8 @@ public class LightStoreClient extends DB {
           Integer.parseInt(p.getProperty("lightstore.writequorum", "0")),
           Integer.parseInt(p.getProperty("lightstore.readquorum", "0")),
           Integer.parseInt(p.getProperty("lightstore.timeoutms", "2000")),
+          Integer.parseInt(p.getProperty("lightstore.busytimeoutms",
+              String.valueOf(ClusterClient.DEFAULT_BUSY_TIMEOUT_MS))),
           password(p, System.getenv()));
     } catch (IllegalArgumentException e) {
       throw new DBException("bad lightstore property: " + e.getMessage());
