@@ -1141,6 +1141,7 @@ impl DbInner {
             gc_runs: Counters::get(&self.counters.gc_runs),
             gc_segments_reclaimed: Counters::get(&self.counters.gc_segments_reclaimed),
             gc_bytes_relocated: Counters::get(&self.counters.gc_bytes_relocated),
+            recluster_bytes: Counters::get(&self.counters.recluster_bytes),
             gc_bytes_scanned: Counters::get(&self.counters.gc_bytes_scanned),
             log_bytes,
             log_live_bytes: log_live,

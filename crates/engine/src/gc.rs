@@ -223,7 +223,7 @@ impl DbInner {
 
     /// Whether the latest view, or only a live snapshot, resolves `key` to
     /// exactly this record.
-    fn liveness(
+    pub(crate) fn liveness(
         &self,
         key: &[u8],
         seq: SeqNo,
@@ -253,7 +253,7 @@ impl DbInner {
     }
 }
 
-enum Liveness {
+pub(crate) enum Liveness {
     Dead,
     Latest,
     PinnedBySnapshot,

@@ -17,6 +17,7 @@ pub struct Counters {
     pub(crate) gc_segments_reclaimed: AtomicU64,
     pub(crate) gc_bytes_relocated: AtomicU64,
     pub(crate) gc_bytes_scanned: AtomicU64,
+    pub(crate) recluster_bytes: AtomicU64,
     pub(crate) write_throttle_micros: AtomicU64,
     pub(crate) checkpoints: AtomicU64,
 }
@@ -81,6 +82,8 @@ pub struct Stats {
     pub gc_bytes_relocated: u64,
     /// Bytes GC read from victim segments.
     pub gc_bytes_scanned: u64,
+    /// Bytes of records reclustering rewrote in key order (`recluster.rs`).
+    pub recluster_bytes: u64,
     /// Bytes appended to value-log segments still held.
     pub log_bytes: u64,
     /// Of those, bytes of values still referenced.

@@ -89,6 +89,10 @@ pub struct NodeArgs {
     /// does not get the space back.
     #[arg(long)]
     keep_file_blocks: bool,
+    /// Do not rewrite the values of ranges clients read in key order (on by
+    /// default: range reads of values written in random order get faster).
+    #[arg(long)]
+    no_recluster: bool,
     /// Allocate the device file's every block at start (fill its holes with zeros,
     /// never touching data) and keep them: no write allocates, and GC waits while
     /// over half the device is free. Takes seconds per GiB and the file's full size.
@@ -170,6 +174,9 @@ pub fn run(args: NodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = args.slowlog_ms {
         c.slowlog_ms = Some(v);
+    }
+    if args.no_recluster {
+        c.recluster_scans = false;
     }
     if args.keep_file_blocks {
         c.keep_file_blocks = true;

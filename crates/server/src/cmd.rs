@@ -31,6 +31,7 @@ pub enum Cmd {
     Vcas,
     Vmeta,
     Fsync,
+    Recluster,
     Runid,
     Hint,
     Dbsize,
@@ -66,6 +67,7 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Vcas, "vcas", -5),
     (Cmd::Vmeta, "vmeta", -2),
     (Cmd::Fsync, "fsync", 1),
+    (Cmd::Recluster, "recluster", -1),
     (Cmd::Runid, "runid", 1),
     (Cmd::Hint, "hint", -4),
     (Cmd::Dbsize, "dbsize", 1),
@@ -207,6 +209,7 @@ impl Cmd {
                 | Cmd::Vbatch
                 | Cmd::Vcas
                 | Cmd::Fsync
+                | Cmd::Recluster
                 | Cmd::Hint
         )
     }
@@ -231,6 +234,7 @@ impl Cmd {
                 | Cmd::Vcas
                 | Cmd::Vmeta
                 | Cmd::Fsync
+                | Cmd::Recluster
                 | Cmd::Hint
                 | Cmd::Dbsize
                 | Cmd::Info

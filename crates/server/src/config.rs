@@ -143,6 +143,11 @@ pub struct Config {
     /// (seconds per GiB) and its full size on the file system. Off by
     /// default.
     pub preallocate: bool,
+    /// Rewrite the small values of ranges that clients read in key order
+    /// where they are scattered over the log, in the background, so later
+    /// range reads of them read long runs of the device (on by default;
+    /// nodes serving no range reads do none of it).
+    pub recluster_scans: bool,
 }
 
 /// Room `max_request` keeps above `max_bulk` for the command, the key and
@@ -179,6 +184,7 @@ impl Default for Config {
             slowlog_ms: None,
             keep_file_blocks: false,
             preallocate: false,
+            recluster_scans: true,
         }
     }
 }

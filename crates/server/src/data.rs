@@ -62,12 +62,39 @@ pub fn execute(state: &NodeState, cmd: Cmd, args: &[Bytes]) -> Reply {
         // Every write this node acknowledged before, durable on its device
         // whatever `--durability` says (the adapters' FLUSH and fsync).
         Cmd::Fsync => state.db.sync().map(|()| Reply::ok()),
+        Cmd::Recluster => recluster(state, args),
         Cmd::Hint => crate::hints::hint(state, args),
         Cmd::Dbsize => dbsize(state).map(|n| Reply::Integer(n as i64)),
         Cmd::Info => Ok(crate::info::info(state, args)),
         _ => Ok(errors::unknown_command(args)),
     };
     result.unwrap_or_else(|e| errors::engine(&e))
+}
+
+/// `RECLUSTER [start end]`: rewrites the small values of the keys in
+/// `[start, end)` (all keys without arguments; an empty `end` runs to the
+/// last key) in key order, so range reads of them read long runs of the
+/// device (see the engine's `recluster.rs`). Answers when done, with what
+/// it did: `keys`, `rewritten`, `bytes`, `stopped_for_space`.
+fn recluster(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
+    let (start, end): (&[u8], &[u8]) = match args.len() {
+        1 => (b"", b""),
+        3 => (&args[1], &args[2]),
+        _ => return Ok(errors::wrong_args("recluster")),
+    };
+    let s = state.db.recluster(start, end)?;
+    let field = |name: &str, v: u64| [Reply::bulk(name.as_bytes()), Reply::Integer(v as i64)];
+    Ok(Reply::Array(
+        [
+            field("keys", s.keys),
+            field("rewritten", s.rewritten),
+            field("bytes", s.bytes),
+            field("stopped_for_space", u64::from(s.stopped_for_space)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+    ))
 }
 
 /// Runs the engine commands of one pipelined batch in order. Runs of plain
@@ -539,6 +566,7 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             Err(engine::Error::TooLarge { max }) => return Ok(too_large(max)),
             other => other?,
         };
+        note_listed(state, listed.iter().map(|(k, _)| k));
         let mut out = Vec::with_capacity(listed.len() * 2);
         for (key, meta) in listed {
             // Null for a key deleted between the listing and its digest
@@ -555,12 +583,23 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         Err(engine::Error::TooLarge { max }) => return Ok(too_large(max)),
         other => other?,
     };
+    note_listed(state, pairs.iter().map(|(k, _)| k));
     let mut out = Vec::with_capacity(pairs.len() * 2);
     for (k, v) in pairs {
         out.push(Reply::Bulk(k));
         out.push(Reply::Bulk(v));
     }
     Ok(Reply::Array(out))
+}
+
+/// Hands a range read's keys (in key order) to reclustering, if it is on.
+fn note_listed<'a>(state: &NodeState, mut keys: impl ExactSizeIterator<Item = &'a Bytes>) {
+    let (Some(work), n) = (&state.recluster, keys.len()) else {
+        return;
+    };
+    if let (Some(first), Some(last)) = (keys.next(), keys.last()) {
+        work.listed(first, last, n);
+    }
 }
 
 /// Number of keys, exact up to [`DBSIZE_CAP`] (then the cap): the engine

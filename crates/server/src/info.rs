@@ -179,6 +179,11 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("gc_runs", &s.gc_runs);
             line("gc_segments_reclaimed", &s.gc_segments_reclaimed);
             line("gc_bytes_relocated", &s.gc_bytes_relocated);
+            line("recluster_bytes", &s.recluster_bytes);
+            if let Some(r) = &state.recluster {
+                line("recluster_ranges", &r.ranges.load(Ordering::Relaxed));
+                line("recluster_dropped", &r.dropped.load(Ordering::Relaxed));
+            }
             line("garbage_ratio", &format!("{:.3}", s.garbage_ratio));
             line("segments_free", &s.segments_free);
             line("segments_backed", &s.segments_backed);

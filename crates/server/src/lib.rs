@@ -34,6 +34,7 @@ mod netread;
 mod node;
 mod prom;
 mod readbuf;
+mod recluster;
 mod reserved;
 mod run;
 mod session;

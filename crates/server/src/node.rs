@@ -192,6 +192,7 @@ pub fn run(config: Config) -> Result<(), ServerError> {
     };
     let state = Arc::new(state);
     let handoff = crate::handoff::start(state.clone()).map_err(ServerError::Runtime)?;
+    let recluster = crate::recluster::start(state.clone()).map_err(ServerError::Runtime)?;
     let unix_note = config
         .unix_socket
         .as_ref()
@@ -212,6 +213,12 @@ pub fn run(config: Config) -> Result<(), ServerError> {
     state.hints.wake();
     if handoff.join().is_err() {
         tracing::warn!("the hinted handoff thread panicked");
+    }
+    if let Some(r) = &state.recluster {
+        r.wake();
+    }
+    if recluster.join().is_err() {
+        tracing::warn!("the recluster thread panicked");
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
     exec.shutdown();

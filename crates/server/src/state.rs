@@ -116,6 +116,9 @@ pub struct NodeState {
     pub net_reads: Option<std::sync::Arc<crate::netread::NetReads>>,
     /// This process's run (`RUNID`, `run.rs`).
     pub run: crate::run::Run,
+    /// Ranges that were read, for reclustering (`recluster.rs`); `None`
+    /// when `recluster_scans` is off.
+    pub recluster: Option<crate::recluster::Reclusterer>,
 }
 
 impl NodeState {
@@ -128,6 +131,9 @@ impl NodeState {
         tcp_port: u16,
     ) -> Self {
         let sets_may_run_inline = !matches!(config.durability(), Ok(engine::Durability::Sync));
+        let recluster = config
+            .recluster_scans
+            .then(crate::recluster::Reclusterer::default);
         NodeState {
             sets_may_run_inline,
             db,
@@ -145,6 +151,7 @@ impl NodeState {
             hints: crate::hints::HintState::default(),
             net_reads: None,
             run: crate::run::Run::default(),
+            recluster,
         }
     }
 

@@ -1,0 +1,109 @@
+//! Scan-driven value reclustering: ranges that clients read are handed to
+//! a background thread (`ls-recluster`) that asks the engine to rewrite
+//! their small values in key order where they are scattered
+//! ([`engine::Db::recluster`]), so the next range reads of them read a few
+//! long runs of the device instead of one page per value.
+//!
+//! Only ranges that are read get rewritten: a node that serves point reads
+//! and writes only does none of this work. A listed range goes to the
+//! thread when it names at least [`MIN_KEYS`] keys, one listing in
+//! [`SAMPLE_ONE_IN`] (hot ranges are listed often, so sampling still finds
+//! them), and only while the queue has room: the read path never waits for
+//! it. The engine leaves a range already in key order as it is, so a range
+//! costs one index walk once it is clustered.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::state::NodeState;
+
+/// Listings of fewer keys are not worth a look.
+pub const MIN_KEYS: usize = 16;
+/// One qualifying listing in this many is handed on.
+pub const SAMPLE_ONE_IN: u64 = 4;
+/// Ranges waiting at most; more are dropped.
+const QUEUE: usize = 16;
+/// How often the thread looks for a stop request while idle.
+const IDLE_WAIT: Duration = Duration::from_millis(200);
+
+/// The queue between the read path and the `ls-recluster` thread.
+#[derive(Default)]
+pub struct Reclusterer {
+    queue: Mutex<VecDeque<(Vec<u8>, Vec<u8>)>>,
+    ready: Condvar,
+    listings: AtomicU64,
+    /// Ranges handed to the engine (INFO `recluster_ranges`).
+    pub ranges: AtomicU64,
+    /// Ranges dropped for a full queue (INFO `recluster_dropped`).
+    pub dropped: AtomicU64,
+}
+
+impl Reclusterer {
+    /// Notes that a range read listed `keys` keys from `first` to `last`
+    /// (inclusive, in key order). Never blocks.
+    pub fn listed(&self, first: &[u8], last: &[u8], keys: usize) {
+        if keys < MIN_KEYS
+            || !self
+                .listings
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(SAMPLE_ONE_IN)
+        {
+            return;
+        }
+        let mut q = self.queue.lock();
+        if q.len() >= QUEUE {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut end = last.to_vec();
+        end.push(0);
+        q.push_back((first.to_vec(), end));
+        drop(q);
+        self.ready.notify_one();
+    }
+
+    /// The next range, or `None` after `IDLE_WAIT` without one.
+    fn next(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        let mut q = self.queue.lock();
+        if q.is_empty() {
+            self.ready.wait_for(&mut q, IDLE_WAIT);
+        }
+        q.pop_front()
+    }
+
+    /// Wakes the thread (to see a stop request).
+    pub fn wake(&self) {
+        self.ready.notify_all();
+    }
+}
+
+/// Starts the `ls-recluster` thread; it ends once the node is asked to stop.
+pub fn start(state: Arc<NodeState>) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("ls-recluster".into())
+        .spawn(move || run(&state))
+}
+
+fn run(state: &NodeState) {
+    let Some(work) = state.recluster.as_ref() else {
+        return;
+    };
+    while !*state.shutdown.borrow() {
+        let Some((start, end)) = work.next() else {
+            continue;
+        };
+        work.ranges.fetch_add(1, Ordering::Relaxed);
+        match state.db.recluster(&start, &end) {
+            Ok(s) if s.rewritten > 0 => {
+                tracing::debug!(keys = s.keys, rewritten = s.rewritten, "range reclustered")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "reclustering a range failed"),
+        }
+    }
+}
