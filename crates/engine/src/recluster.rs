@@ -12,7 +12,7 @@
 //! see nothing change; the old copies become garbage that GC reclaims.
 //!
 //! It is optional work: it writes only into space ordinary writes may use,
-//! stops when space runs low, and leaves values that already lie in runs
+//! stops while less than a quarter of the device is free, and leaves values that already lie in runs
 //! of neighbouring keys (a sequential load, an earlier rewrite of an
 //! overlapping range), so running it twice rewrites nothing the second
 //! time.
@@ -42,6 +42,13 @@ const LONG_RUN: usize = 8;
 /// outside such runs.
 const MIN_REWRITE: usize = 8;
 
+/// Reclustering stops while fewer than this fraction of the device's
+/// segments are free. The rewrite is optional, and the copies it leaves
+/// behind count as live until compaction drops them (as an overwrite's
+/// do), so it must never bring the device near the low-space mode where
+/// writers are slowed down for GC.
+const MIN_FREE_FRACTION: f64 = 0.25;
+
 /// What a [`Db::recluster`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReclusterStats {
@@ -51,7 +58,8 @@ pub struct ReclusterStats {
     pub rewritten: u64,
     /// Bytes of records rewritten.
     pub bytes: u64,
-    /// Whether it stopped before the end of the range because space ran low.
+    /// Whether it stopped before the end of the range because less than a
+    /// quarter of the device was free.
     pub stopped_for_space: bool,
 }
 
@@ -89,7 +97,7 @@ impl DbInner {
         stats: &mut ReclusterStats,
     ) -> Result<Option<Vec<u8>>> {
         let _st = self.maint.lock();
-        if self.space_low() {
+        if !self.room_to_recluster() {
             stats.stopped_for_space = true;
             return Ok(None);
         }
@@ -115,6 +123,12 @@ impl DbInner {
         let mut next = found.last().map_or_else(Vec::new, |e| e.key.to_vec());
         next.push(0);
         Ok(Some(next))
+    }
+
+    /// Whether at least [`MIN_FREE_FRACTION`] of the segments are free.
+    fn room_to_recluster(&self) -> bool {
+        let total = f64::from(self.flash.geometry().segment_count);
+        !self.space_low() && f64::from(self.flash.free_segments()) >= MIN_FREE_FRACTION * total
     }
 
     /// Re-appends the values of `entries` (in key order) that are still the

@@ -174,3 +174,35 @@ fn concurrent_writers_lose_nothing() {
     let db = reopened(&dev, db, &opts);
     assert_eq!(scan_all(&db), expect, "after a reopen");
 }
+
+/// A device with less than a quarter of its segments free is left alone:
+/// reclustering stops at once, rewrites nothing and loses nothing.
+#[test]
+fn a_nearly_full_device_is_not_reclustered() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let opts = small_opts();
+    let db = open(&dev, &opts);
+    let mut order: Vec<u32> = (0..40_000).collect();
+    order.shuffle(&mut SmallRng::seed_from_u64(3));
+    let mut written = Vec::new();
+    for (i, k) in order.into_iter().enumerate() {
+        if i % 200 == 0 {
+            db.maintenance().expect("maintenance");
+            let s = db.stats();
+            if s.segments_free * 4 < s.segments_total {
+                break;
+            }
+        }
+        db.put(&key(k), &value_for(k, 1, LEN)).expect("put");
+        written.push(k);
+    }
+    db.flush().expect("flush");
+    let s = db.stats();
+    assert!(s.segments_free * 4 < s.segments_total, "{s:?}");
+    let before = scan_all(&db);
+    assert_eq!(before.len(), written.len());
+    let stats = db.recluster(b"", b"").expect("recluster");
+    assert!(stats.stopped_for_space, "{stats:?}");
+    assert_eq!(stats.rewritten, 0);
+    assert_eq!(scan_all(&db), before);
+}
