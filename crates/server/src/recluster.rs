@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -28,6 +28,8 @@ pub const MIN_KEYS: usize = 16;
 pub const SAMPLE_ONE_IN: u64 = 4;
 /// Ranges waiting at most; more are dropped.
 const QUEUE: usize = 16;
+/// Failures are logged at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 /// How often the thread looks for a stop request while idle.
 const IDLE_WAIT: Duration = Duration::from_millis(200);
 
@@ -93,6 +95,7 @@ fn run(state: &NodeState) {
     let Some(work) = state.recluster.as_ref() else {
         return;
     };
+    let mut last_warning: Option<Instant> = None;
     while !*state.shutdown.borrow() {
         let Some((start, end)) = work.next() else {
             continue;
@@ -103,7 +106,12 @@ fn run(state: &NodeState) {
                 tracing::debug!(keys = s.keys, rewritten = s.rewritten, "range reclustered")
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "reclustering a range failed"),
+            // A failed device fails every range: say so now and then.
+            Err(e) if last_warning.is_none_or(|t| t.elapsed() >= WARN_EVERY) => {
+                tracing::warn!(error = %e, "reclustering a range failed");
+                last_warning = Some(Instant::now());
+            }
+            Err(_) => {}
         }
     }
 }
