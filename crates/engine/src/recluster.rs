@@ -12,10 +12,10 @@
 //! see nothing change; the old copies become garbage that GC reclaims.
 //!
 //! It is optional work: it writes only into space ordinary writes may use,
-//! stops while less than a quarter of the device is free, and leaves values that already lie in runs
-//! of neighbouring keys (a sequential load, an earlier rewrite of an
-//! overlapping range), so running it twice rewrites nothing the second
-//! time.
+//! stops while less than a quarter of the device is free, and leaves
+//! values that already lie in runs of neighbouring keys (a sequential
+//! load, an earlier rewrite of an overlapping range), so running it twice
+//! rewrites nothing the second time.
 
 use crate::db::{Db, DbInner};
 use crate::error::Result;
@@ -30,7 +30,7 @@ use crate::vlog::Reserve;
 const STEP_KEYS: usize = 256;
 /// Records larger than this stay where they are: a range read reads each of
 /// them with a device read of its own anyway.
-pub(crate) const MAX_RECORD: u32 = 16 << 10;
+const MAX_RECORD: u32 = 16 << 10;
 /// Two values whose records are at most this far apart in one segment are
 /// next to each other for a range read (one device read covers both).
 const NEAR: u32 = 4096;
@@ -67,7 +67,7 @@ impl Db {
     /// Rewrites the small values of the live keys in `[start, end)` (empty
     /// `end`: to the last key) in key order, where they are scattered (see
     /// the module doc). Reads, writes and snapshots go on meanwhile and see
-    /// the same data; background maintenance flushes what it re-inserts.
+    /// the same data. Flushes the memtable when what it re-inserted fills it.
     pub fn recluster(&self, start: &[u8], end: &[u8]) -> Result<ReclusterStats> {
         let mut stats = ReclusterStats::default();
         let mut cursor = start.to_vec();
@@ -89,7 +89,7 @@ impl Db {
 
 impl DbInner {
     /// One step from `from`: the key to go on from, or `None` at the end of
-    /// the range (or when space is low).
+    /// the range or when there is no room for it (see [`MIN_FREE_FRACTION`]).
     fn recluster_step(
         &self,
         from: &[u8],
