@@ -1,10 +1,13 @@
 //! `lightstore cluster`: talk to a cluster through the cluster client —
-//! status, repair, and single-key get/set/del/range for scripts and demos.
+//! status, repair, recluster, and single-key get/set/del/range for scripts
+//! and demos.
 
 use std::path::PathBuf;
 
+use bytes::Bytes;
 use clap::{Args, Subcommand};
 use client::{Cluster, ClusterConfig};
+use protocol::Reply;
 
 /// Which cluster to talk to.
 #[derive(Args, Debug)]
@@ -65,6 +68,11 @@ enum Action {
     Status,
     /// Copy missing or stale replicas so every key's replicas hold its newest version.
     Repair,
+    /// Rewrite each node's small values in key order where they are
+    /// scattered over its log (RECLUSTER, page by page, nodes in parallel),
+    /// so range reads read long runs of the device: for after a bulk load
+    /// of keys in random order that will be read by range.
+    Recluster,
     /// Store a value.
     Set { key: String, value: String },
     /// Print a value (nothing and exit code 1 when missing).
@@ -118,6 +126,7 @@ pub fn run(args: ClusterArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .into());
             }
         }
+        Action::Recluster => recluster_all(&cluster)?,
         Action::Set { key, value } => {
             cluster.set(key.as_bytes(), value.as_bytes())?;
             println!("OK");
@@ -155,6 +164,115 @@ pub fn run(args: ClusterArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// Keys per `RECLUSTER` call of `cluster recluster`: each call stays far
+/// within the client's call timeout.
+const RECLUSTER_PAGE: usize = 10_000;
+
+/// What `RECLUSTER` did on one node, summed over its pages.
+#[derive(Default)]
+struct Reclustered {
+    keys: i64,
+    rewritten: i64,
+    bytes: i64,
+    stopped_for_space: bool,
+}
+
+/// `cluster recluster`: every node at once, page by page.
+fn recluster_all(cluster: &Cluster) -> Result<(), Box<dyn std::error::Error>> {
+    let nodes = cluster.nodes();
+    let started = std::time::Instant::now();
+    let results: Vec<Result<Reclustered, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..nodes.len())
+            .map(|i| s.spawn(move || recluster_node(cluster, i)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
+    let mut failed = Vec::new();
+    for (addr, r) in nodes.iter().zip(results) {
+        match r {
+            Ok(r) => println!(
+                "{addr}: {} keys, {} values rewritten ({:.1} MiB){}",
+                r.keys,
+                r.rewritten,
+                r.bytes as f64 / f64::from(1 << 20),
+                if r.stopped_for_space {
+                    ", stopped: less than a quarter of the device free"
+                } else {
+                    ""
+                }
+            ),
+            Err(e) => failed.push(format!("{addr}: {e}")),
+        }
+    }
+    println!("recluster: {:.1} s", started.elapsed().as_secs_f64());
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("recluster failed on {}", failed.join("; ")).into())
+    }
+}
+
+/// Lists node `i`'s keys a page at a time and reclusters each page.
+fn recluster_node(cluster: &Cluster, i: usize) -> Result<Reclustered, String> {
+    let limit = RECLUSTER_PAGE.to_string();
+    let mut total = Reclustered::default();
+    let mut start: Vec<u8> = Vec::new();
+    loop {
+        let page = cluster
+            .call_node(
+                i,
+                &[
+                    &b"RANGE"[..],
+                    &start,
+                    b"",
+                    b"LIMIT",
+                    limit.as_bytes(),
+                    b"KEYSONLY",
+                ],
+            )
+            .map_err(|e| e.to_string())?;
+        let Reply::Array(items) = page else {
+            return Err(format!("unexpected RANGE reply {page:?}"));
+        };
+        let keys: Vec<Bytes> = items
+            .into_iter()
+            .filter_map(|r| match r {
+                Reply::Bulk(k) => Some(k),
+                _ => None,
+            })
+            .collect();
+        let (Some(first), Some(last)) = (keys.first(), keys.last()) else {
+            return Ok(total);
+        };
+        let mut end = last.to_vec();
+        end.push(0);
+        let reply = cluster
+            .call_node(i, &[&b"RECLUSTER"[..], first, &end])
+            .map_err(|e| e.to_string())?;
+        let Reply::Array(fields) = reply else {
+            return Err(format!("unexpected RECLUSTER reply {reply:?}"));
+        };
+        for pair in fields.chunks(2) {
+            if let [Reply::Bulk(name), Reply::Integer(v)] = pair {
+                match &name[..] {
+                    b"keys" => total.keys += v,
+                    b"rewritten" => total.rewritten += v,
+                    b"bytes" => total.bytes += v,
+                    b"stopped_for_space" => total.stopped_for_space |= *v != 0,
+                    _ => {}
+                }
+            }
+        }
+        if total.stopped_for_space || keys.len() < RECLUSTER_PAGE {
+            return Ok(total);
+        }
+        start = end;
+    }
 }
 
 /// `cluster load`: thread `t` writes keys `t, t + threads, ...` in batches.

@@ -380,6 +380,42 @@ fn up_and_cluster_subcommands() {
     let repair = run(&["repair"]);
     assert!(repair.status.success());
     assert!(String::from_utf8_lossy(&repair.stdout).contains("0 copies written"));
+    // Eight threads' interleaved batches leave neighbouring keys' values
+    // apart: the first recluster rewrites them, the second finds nothing.
+    let load = run(&[
+        "load",
+        "--count",
+        "3000",
+        "--value-size",
+        "300",
+        "--threads",
+        "8",
+        "--batch",
+        "4",
+    ]);
+    assert!(load.status.success());
+    let rewritten = |out: &std::process::Output| -> u64 {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                l.split(" keys, ")
+                    .nth(1)?
+                    .split(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    assert!(rewritten(&run(&["recluster"])) > 1000);
+    assert_eq!(rewritten(&run(&["recluster"])), 0);
+    let got = run(&["get", "load:000000002999"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "v".repeat(300));
 
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(up.id() as i32, libc::SIGTERM) };
