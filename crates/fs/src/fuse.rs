@@ -578,7 +578,7 @@ impl Filesystem for FuseFs {
     fn readdirplus(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
@@ -607,6 +607,20 @@ impl Filesystem for FuseFs {
             let Some(inode) = inode.filter(|i| i.nlink > 0) else {
                 continue;
             };
+            // So is one renamed away or replaced since: the kernel links
+            // each entry into its dentry cache, and a directory listed
+            // where it no longer is would be pulled back from where a
+            // rename put it (or the walk fails with ESTALE when a rename
+            // is in progress). The kernel holds this directory's lock
+            // through the request, so no rename of its entries runs
+            // between this check and the reply.
+            if name != b"." && name != b".." {
+                match self.fs.lookup_entry(ino.0, &name) {
+                    Ok((now, _)) if now == child => {}
+                    Ok(_) | Err(FsError::Posix(_)) => continue,
+                    Err(e) => return reply.error(errno("readdirplus", &e)),
+                }
+            }
             let attr = self.attr(&inode);
             if reply.add(
                 INodeNo(child),

@@ -554,6 +554,43 @@ fn random_namespace_operations_match_a_local_directory() {
     fs_check(&s.nodes, "ns");
 }
 
+/// A directory listed through a handle opened before a rename does not
+/// bring the renamed directory back to its old name: the kernel links every
+/// entry a READDIRPLUS returns into its dentry cache, and the listing
+/// taken at opendir was stale (the old name then stat'ed fine, and a
+/// concurrent rename made walks fail with ESTALE).
+#[test]
+fn a_listing_taken_before_a_rename_does_not_resurrect_the_old_name() {
+    if !can_mount() || !have_tools(&["python3"]) {
+        return;
+    }
+    let (s, m) = mount_on_one_node("stale");
+    let d = s.mnt.display();
+    let out = sh(&format!(
+        r#"python3 - <<'PY'
+import os
+root = "{d}"
+os.makedirs(root + "/p/moved/inner")
+os.makedirs(root + "/q")
+for i in range(20):
+    open(root + "/p/f%02d" % i, "w").close()
+fd = os.open(root + "/p", os.O_RDONLY | os.O_DIRECTORY)
+os.rename(root + "/p/moved", root + "/q/moved")
+# Entries renamed after opendir may be listed or not (POSIX leaves it
+# open); what matters is what the kernel's dentry cache learns.
+listed = sorted(os.listdir(fd))
+os.close(fd)
+print("old-exists", os.path.exists(root + "/p/moved"))
+print("new-exists", os.path.isdir(root + "/q/moved/inner"))
+PY"#
+    ));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("old-exists False"), "{text}");
+    assert!(text.contains("new-exists True"), "{text}");
+    m.stop();
+    fs_check(&s.nodes, "stale");
+}
+
 /// Four processes run the namespace workload at once on the same names
 /// (renames across each other's directories, links, removals racing):
 /// no operation fails with an error a local file system would not give
