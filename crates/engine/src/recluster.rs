@@ -69,9 +69,22 @@ impl Db {
     /// the module doc). Reads, writes and snapshots go on meanwhile and see
     /// the same data. Flushes the memtable when what it re-inserted fills it.
     pub fn recluster(&self, start: &[u8], end: &[u8]) -> Result<ReclusterStats> {
+        self.recluster_at_most(start, end, u64::MAX)
+    }
+
+    /// [`Db::recluster`] of at most about `max_keys` live keys from `start`
+    /// (a step's worth more at most): bounded work for a range known only
+    /// by its ends, such as the span of a multi-get's sorted keys, which
+    /// may be sparse in a much larger key space.
+    pub fn recluster_at_most(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        max_keys: u64,
+    ) -> Result<ReclusterStats> {
         let mut stats = ReclusterStats::default();
         let mut cursor = start.to_vec();
-        loop {
+        while stats.keys < max_keys {
             let step = self.inner.recluster_step(&cursor, end, &mut stats)?;
             // What it re-inserted fills the memtable: flush it here rather
             // than let the memtable outgrow its limit while this holds the
@@ -84,6 +97,7 @@ impl Db {
                 None => return Ok(stats),
             }
         }
+        Ok(stats)
     }
 }
 

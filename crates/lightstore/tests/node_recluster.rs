@@ -137,6 +137,46 @@ fn ranges_that_are_read_get_reclustered_in_the_background() {
     }
 }
 
+/// Multi-gets of keys in ascending order (a volume's chunks read in order)
+/// are reclustered too; one of keys far apart only costs a bounded look
+/// from its first key, not a rewrite of everything between.
+#[test]
+fn ordered_multi_gets_get_reclustered_and_sparse_ones_stay_bounded() {
+    let n = Node::start(&[]);
+    let mut conn = BufReader::new(n.connect());
+    write_scattered(&mut conn);
+    let mget = |conn: &mut BufReader<std::net::TcpStream>, ks: &[usize]| {
+        let keys: Vec<Vec<u8>> = ks.iter().map(|&i| key(i)).collect();
+        let mut args: Vec<&[u8]> = vec![b"MGET"];
+        args.extend(keys.iter().map(|k| &k[..]));
+        let want: Vec<Resp> = ks.iter().map(|&i| Resp::Bulk(value(i))).collect();
+        assert_eq!(call(conn, &args), Resp::Array(want));
+    };
+    // Sparse: 16 keys spread over the whole key space, four times (one
+    // listing in four is handed on).
+    let sparse: Vec<usize> = (0..16).map(|i| i * (KEYS / 16)).collect();
+    for _ in 0..4 {
+        mget(&mut conn, &sparse);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after_sparse = info_field(&n, "recluster_bytes").expect("recluster_bytes");
+    // At most a step (256 keys) from the first key, of about 520 bytes each.
+    assert!(after_sparse <= 256 * 600, "{after_sparse} bytes rewritten");
+    // Dense runs of 64 keys in order, across the store.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while info_field(&n, "recluster_bytes").unwrap_or(0) < after_sparse + 100_000 {
+        for start in (0..KEYS - 64).step_by(64) {
+            let run: Vec<usize> = (start..start + 64).collect();
+            mget(&mut conn, &run);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ordered multi-gets were not reclustered"
+        );
+    }
+    assert_eq!(read_all(&mut conn), expected());
+}
+
 #[test]
 fn no_recluster_turns_the_background_work_off() {
     let n = Node::start(&["--no-recluster"]);

@@ -495,6 +495,7 @@ async fn run_on_executor(
         if args.len() - 1 <= MAX_NET_MGET_KEYS {
             let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
             if let Some(answer) = reads.mget(state, &keys, state.max_reply()).await {
+                crate::data::note_multi_get(state, &keys);
                 return Some((vec![answer], Duration::ZERO, Vec::new()));
             }
         }

@@ -346,6 +346,7 @@ fn get_run(state: &NodeState, run: &[(Cmd, Vec<Bytes>)]) -> Option<Vec<Reply>> {
 /// split the way a pipeline can).
 fn mget(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
+    note_multi_get(state, &keys);
     let mut vals = state
         .db
         .multi_get_bounded(&keys, &[keys.len()], state.max_reply())?;
@@ -590,6 +591,19 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         out.push(Reply::Bulk(v));
     }
     Ok(Reply::Array(out))
+}
+
+/// Hands a multi-get's keys to reclustering, if it is on and they are in
+/// strictly ascending order (a block volume's or a file's chunks read in
+/// order, a scan's values).
+pub fn note_multi_get(state: &NodeState, keys: &[&[u8]]) {
+    let (Some(work), Some(first), Some(last)) = (&state.recluster, keys.first(), keys.last())
+    else {
+        return;
+    };
+    if keys.len() >= crate::recluster::MIN_KEYS && keys.windows(2).all(|w| w[0] < w[1]) {
+        work.listed(first, last, keys.len());
+    }
 }
 
 /// Hands a range read's keys (in key order) to reclustering, if it is on.

@@ -1,4 +1,6 @@
-//! Scan-driven value reclustering: ranges that clients read are handed to
+//! Scan-driven value reclustering: ranges that clients read (range
+//! listings, and multi-gets of keys in ascending order such as a block
+//! volume's chunks) are handed to
 //! a background thread (`ls-recluster`) that asks the engine to rewrite
 //! their small values in key order where they are scattered
 //! ([`engine::Db::recluster`]), so the next range reads of them read a few
@@ -36,7 +38,8 @@ const IDLE_WAIT: Duration = Duration::from_millis(200);
 /// The queue between the read path and the `ls-recluster` thread.
 #[derive(Default)]
 pub struct Reclusterer {
-    queue: Mutex<VecDeque<(Vec<u8>, Vec<u8>)>>,
+    /// Ranges as (start, end, most keys to examine).
+    queue: Mutex<VecDeque<(Vec<u8>, Vec<u8>, u64)>>,
     ready: Condvar,
     listings: AtomicU64,
     /// Ranges handed to the engine (INFO `recluster_ranges`).
@@ -46,8 +49,11 @@ pub struct Reclusterer {
 }
 
 impl Reclusterer {
-    /// Notes that a range read listed `keys` keys from `first` to `last`
-    /// (inclusive, in key order). Never blocks.
+    /// Notes that a read took `keys` keys from `first` to `last`
+    /// (inclusive, in key order): a range listing, or a multi-get of keys
+    /// in ascending order. The thread examines at most twice that many
+    /// keys from `first`, so a multi-get of keys far apart costs a step,
+    /// not a rewrite of everything between them. Never blocks.
     pub fn listed(&self, first: &[u8], last: &[u8], keys: usize) {
         if keys < MIN_KEYS
             || !self
@@ -64,13 +70,13 @@ impl Reclusterer {
         }
         let mut end = last.to_vec();
         end.push(0);
-        q.push_back((first.to_vec(), end));
+        q.push_back((first.to_vec(), end, 2 * keys as u64));
         drop(q);
         self.ready.notify_one();
     }
 
     /// The next range, or `None` after `IDLE_WAIT` without one.
-    fn next(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+    fn next(&self) -> Option<(Vec<u8>, Vec<u8>, u64)> {
         let mut q = self.queue.lock();
         if q.is_empty() {
             self.ready.wait_for(&mut q, IDLE_WAIT);
@@ -97,11 +103,11 @@ fn run(state: &NodeState) {
     };
     let mut last_warning: Option<Instant> = None;
     while !*state.shutdown.borrow() {
-        let Some((start, end)) = work.next() else {
+        let Some((start, end, max_keys)) = work.next() else {
             continue;
         };
         work.ranges.fetch_add(1, Ordering::Relaxed);
-        match state.db.recluster(&start, &end) {
+        match state.db.recluster_at_most(&start, &end, max_keys) {
             Ok(s) if s.rewritten > 0 => {
                 tracing::debug!(keys = s.keys, rewritten = s.rewritten, "range reclustered")
             }
