@@ -35,11 +35,13 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// How often the thread looks for a stop request while idle.
 const IDLE_WAIT: Duration = Duration::from_millis(200);
 
+/// A range to look at: start, end (exclusive), most keys to examine.
+type Range = (Vec<u8>, Vec<u8>, u64);
+
 /// The queue between the read path and the `ls-recluster` thread.
 #[derive(Default)]
 pub struct Reclusterer {
-    /// Ranges as (start, end, most keys to examine).
-    queue: Mutex<VecDeque<(Vec<u8>, Vec<u8>, u64)>>,
+    queue: Mutex<VecDeque<Range>>,
     ready: Condvar,
     listings: AtomicU64,
     /// Ranges handed to the engine (INFO `recluster_ranges`).
@@ -76,7 +78,7 @@ impl Reclusterer {
     }
 
     /// The next range, or `None` after `IDLE_WAIT` without one.
-    fn next(&self) -> Option<(Vec<u8>, Vec<u8>, u64)> {
+    fn next(&self) -> Option<Range> {
         let mut q = self.queue.lock();
         if q.is_empty() {
             self.ready.wait_for(&mut q, IDLE_WAIT);
