@@ -32,8 +32,9 @@ const STEP_KEYS: usize = 256;
 /// them with a device read of its own anyway.
 const MAX_RECORD: u32 = 16 << 10;
 /// Two values whose records are at most this far apart in one segment are
-/// next to each other for a range read (one device read covers both).
-const NEAR: u32 = 4096;
+/// next to each other for a range read: the gap a merged device read reads
+/// through.
+const NEAR: u64 = flash::MAX_READ_GAP;
 /// Neighbouring keys whose records follow each other closely in the log
 /// this many times in a row are a run a range read reads at once: left as
 /// they are.
@@ -197,7 +198,7 @@ fn near(a: &Entry, b: &Entry) -> bool {
     a.seg == b.seg
         && a.gen == b.gen
         && b.offset >= a.offset.saturating_add(a.len)
-        && b.offset - (a.offset + a.len) <= NEAR
+        && u64::from(b.offset - (a.offset + a.len)) <= NEAR
 }
 
 #[cfg(test)]

@@ -567,7 +567,7 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             Err(engine::Error::TooLarge { max }) => return Ok(too_large(max)),
             other => other?,
         };
-        note_listed(state, listed.iter().map(|(k, _)| k));
+        note_listed(state, listed.iter().map(|(k, _)| &k[..]));
         let mut out = Vec::with_capacity(listed.len() * 2);
         for (key, meta) in listed {
             // Null for a key deleted between the listing and its digest
@@ -584,7 +584,7 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         Err(engine::Error::TooLarge { max }) => return Ok(too_large(max)),
         other => other?,
     };
-    note_listed(state, pairs.iter().map(|(k, _)| k));
+    note_listed(state, pairs.iter().map(|(k, _)| &k[..]));
     let mut out = Vec::with_capacity(pairs.len() * 2);
     for (k, v) in pairs {
         out.push(Reply::Bulk(k));
@@ -597,17 +597,16 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
 /// strictly ascending order (a block volume's or a file's chunks read in
 /// order, a scan's values).
 pub fn note_multi_get(state: &NodeState, keys: &[&[u8]]) {
-    let (Some(work), Some(first), Some(last)) = (&state.recluster, keys.first(), keys.last())
-    else {
-        return;
-    };
-    if keys.len() >= crate::recluster::MIN_KEYS && keys.windows(2).all(|w| w[0] < w[1]) {
-        work.listed(first, last, keys.len());
+    if state.recluster.is_some()
+        && keys.len() >= crate::recluster::MIN_KEYS
+        && keys.windows(2).all(|w| w[0] < w[1])
+    {
+        note_listed(state, keys.iter().copied());
     }
 }
 
 /// Hands a range read's keys (in key order) to reclustering, if it is on.
-fn note_listed<'a>(state: &NodeState, mut keys: impl ExactSizeIterator<Item = &'a Bytes>) {
+fn note_listed<'a>(state: &NodeState, mut keys: impl ExactSizeIterator<Item = &'a [u8]>) {
     let (Some(work), n) = (&state.recluster, keys.len()) else {
         return;
     };

@@ -37,7 +37,6 @@ final class PatientSockets implements JedisSocketFactory {
   private final int timeoutMs;
   private final long busyTimeoutNanos;
   private long callStartNanos = System.nanoTime();
-  private long probes;
 
   /**
    * Sockets to {@code node} whose reads time out at {@code timeoutMs}, and
@@ -53,11 +52,6 @@ final class PatientSockets implements JedisSocketFactory {
   /** Marks the start of a call: its reads wait on at most busyTimeoutMs from now. */
   void callStarted() {
     callStartNanos = System.nanoTime();
-  }
-
-  /** Probes sent so far (for tests). */
-  long probes() {
-    return probes;
   }
 
   @Override
@@ -86,7 +80,6 @@ final class PatientSockets implements JedisSocketFactory {
     if (busyTimeoutNanos == 0 || System.nanoTime() - callStartNanos >= busyTimeoutNanos) {
       return false;
     }
-    probes++;
     return answers(node, Math.min(timeoutMs / 2, PROBE_WAIT_MS));
   }
 
