@@ -247,6 +247,23 @@ fn lone_gets_are_read_on_the_network_thread() {
             "the MGET ran on the network thread"
         );
     }
+    // So is a 1 MiB block read: 256 chunks of 4 KiB.
+    let before = info_field(&n, "stats", "net_gets").unwrap_or(0);
+    let block: Vec<Vec<u8>> = (0..256)
+        .map(|i| format!("key{}", i % KEYS).into_bytes())
+        .collect();
+    let mut block_args: Vec<&[u8]> = vec![b"MGET"];
+    block_args.extend(block.iter().map(|k| &k[..]));
+    let block_want: Vec<Resp> = (0..256).map(|i| Resp::Bulk(value(i % KEYS))).collect();
+    assert_eq!(call(&mut conn, &block_args), Resp::Array(block_want));
+    if engine::flash::io_uring_for_tests() {
+        let net = info_field(&n, "stats", "net_gets").expect("net_gets");
+        assert_eq!(
+            net,
+            before + 256,
+            "the 256-key MGET ran on the network thread"
+        );
+    }
     // A value still in the log's memory may send it to the pool: the
     // answer is the same.
     assert_eq!(

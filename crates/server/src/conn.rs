@@ -40,11 +40,15 @@ const MAX_INLINE_SETS: usize = 1;
 /// the cores: on 2 cores, whole -P 16 runs on the network thread used ~10 %
 /// less CPU but saturated that thread (throughput no better, p50 higher).
 const MAX_NET_GETS: usize = 1;
-/// Most keys of an `MGET` answered on the network thread (a cluster
-/// client's read of a few blocks); larger ones go to the executor pool.
+/// Most keys of an `MGET` answered on the network thread: a cluster
+/// client's read of up to 1 MiB of a volume's 4 KiB chunks (or a file's
+/// 8 KiB chunks), a scan's records. Larger ones go to the executor pool.
 /// An MGET is one request, so this is one hand-off saved per request, not
-/// per key as for a run of GETs.
-const MAX_NET_MGET_KEYS: usize = 64;
+/// per key as for a run of GETs; on the pool the 256 keys of a 1 MiB block
+/// read also spread over several read workers and woke each of them (the
+/// node's CPU per GiB of sequential block reads fell by about a tenth
+/// when this bound went from 64 to 256, session 34 in `bench/RESULTS.md`).
+const MAX_NET_MGET_KEYS: usize = 256;
 /// What a client may send before it has authenticated on a node with a
 /// password (as Redis does): a handful of short arguments. Its requests
 /// are parsed one at a time, so an AUTH in a pipeline lifts the limits for
