@@ -633,7 +633,7 @@ public final class ClusterClient implements AutoCloseable {
     long crc = crc32c(best);
     boolean isValue = decoded.value != null;
     for (int r : replicasOf(k.key)) {
-      if (merged.stream().noneMatch(c -> c.node == r)) {
+      if (!inMerge(merged, r)) {
         continue;
       }
       int at = k.nodes.indexOf(r);
@@ -644,6 +644,15 @@ public final class ClusterClient implements AutoCloseable {
         repairs.computeIfAbsent(r, x -> new ArrayList<>()).add(new byte[][] {k.key, best});
       }
     }
+  }
+
+  private static boolean inMerge(List<Cursor> merged, int node) {
+    for (Cursor c : merged) {
+      if (c.node == node) {
+        return true;
+      }
+    }
+    return false;
   }
 
   /**

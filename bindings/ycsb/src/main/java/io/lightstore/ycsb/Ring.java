@@ -1,7 +1,6 @@
 package io.lightstore.ycsb;
 
 import java.nio.charset.StandardCharsets;
-import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import net.openhft.hashing.LongHashFunction;
@@ -79,10 +78,11 @@ public final class Ring {
   /** The {@code replicas} distinct nodes holding {@code key}, primary first. */
   public int[] replicas(byte[] key, int replicas) {
     int want = Math.min(replicas, nodes);
-    List<Integer> out = new ArrayList<>(want);
     if (want <= 0) {
       return new int[0];
     }
+    int[] out = new int[want];
+    int found = 0;
     long h = keyHash(key);
     int lo = 0;
     int hi = points.length;
@@ -94,12 +94,21 @@ public final class Ring {
         hi = mid;
       }
     }
-    for (int k = 0; k < points.length && out.size() < want; k++) {
+    for (int k = 0; k < points.length && found < want; k++) {
       int node = owners[(lo + k) % points.length];
-      if (!out.contains(node)) {
-        out.add(node);
+      if (!contains(out, found, node)) {
+        out[found++] = node;
       }
     }
-    return out.stream().mapToInt(Integer::intValue).toArray();
+    return found == want ? out : Arrays.copyOf(out, found);
+  }
+
+  private static boolean contains(int[] nodes, int count, int node) {
+    for (int i = 0; i < count; i++) {
+      if (nodes[i] == node) {
+        return true;
+      }
+    }
+    return false;
   }
 }

@@ -36,6 +36,31 @@ class RecordTest {
   }
 
   @Test
+  void aRowReadsTheValueInPlaceWhateverNamesCameBefore() {
+    // Two records with different names at the same positions, one of them
+    // not ASCII: each row has its own names and its own values.
+    LinkedHashMap<String, byte[]> first = new LinkedHashMap<>();
+    first.put("field0", utf8("one"));
+    first.put("field1", utf8("two"));
+    LinkedHashMap<String, byte[]> second = new LinkedHashMap<>();
+    second.put("fieldX", utf8("three"));
+    second.put("f\u00e9ld1", new byte[0]);
+    for (int round = 0; round < 2; round++) {
+      for (LinkedHashMap<String, byte[]> rec : java.util.List.of(first, second)) {
+        Map<String, site.ycsb.ByteIterator> row = LightStoreClient.row(LightStoreClient.encodeRecord(rec), null);
+        assertEquals(rec.keySet(), row.keySet());
+        for (Map.Entry<String, byte[]> f : rec.entrySet()) {
+          assertArrayEquals(f.getValue(), row.get(f.getKey()).toArray(), f.getKey());
+        }
+      }
+    }
+    Map<String, site.ycsb.ByteIterator> some =
+        LightStoreClient.row(LightStoreClient.encodeRecord(first), Set.of("field1"));
+    assertEquals(Set.of("field1"), some.keySet());
+    assertEquals("two", some.get("field1").toString());
+  }
+
+  @Test
   void bytesThatAreNotARecordAreRefused() {
     byte[] enc = LightStoreClient.encodeRecord(Map.of("field0", utf8("value")));
     for (int cut = 1; cut < enc.length; cut++) {
