@@ -5,7 +5,7 @@
 //! `recovery.rs`.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -963,7 +963,7 @@ impl DbInner {
         let mut tries = 0;
         'scan: loop {
             let (sv, seq) = self.read_view(at);
-            let found = self.visible_entries(&sv, start, end, limit, seq, max_bytes, true)?;
+            let found = self.visible_entries(&sv, start, end, limit, seq, max_bytes, true, None)?;
             let mut out = Vec::with_capacity(found.len());
             for chunk in found.chunks(SCAN_READ_BATCH) {
                 let reqs: Vec<_> = chunk.iter().map(|e| (e.ptr, &e.key[..])).collect();
@@ -997,7 +997,7 @@ impl DbInner {
     ) -> Result<Vec<Bytes>> {
         let (sv, seq) = self.read_view(at);
         Ok(self
-            .visible_entries(&sv, start, end, limit, seq, max_bytes, false)?
+            .visible_entries(&sv, start, end, limit, seq, max_bytes, false, None)?
             .into_iter()
             .map(|e| e.key)
             .collect())
@@ -1008,6 +1008,10 @@ impl DbInner {
     ///
     /// Fails with [`Error::TooLarge`] as soon as the keys found (and, with
     /// `with_values`, their records) add up to more than `max_bytes`.
+    ///
+    /// With `cached_only`, keytable blocks come from the cache alone: at the
+    /// first one it lacks, `cached_only` is set and the answer is incomplete
+    /// (the caller drops it).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn visible_entries(
         &self,
@@ -1018,13 +1022,19 @@ impl DbInner {
         seq: SeqNo,
         max_bytes: usize,
         with_values: bool,
+        cached_only: Option<&AtomicBool>,
     ) -> Result<Vec<Entry>> {
         let mut sources: Vec<EntryIter<'_>> = vec![Box::new(sv.mem.iter_from(start).map(Ok))];
         if let Some(imm) = &sv.imm {
             sources.push(Box::new(imm.iter_from(start).map(Ok)));
         }
         for level in &sv.version.levels {
-            sources.push(Box::new(LevelIter::new(level.clone(), start, &self.ctx)));
+            sources.push(match cached_only {
+                Some(declined) => {
+                    Box::new(LevelIter::cached(level.clone(), start, &self.ctx, declined))
+                }
+                None => Box::new(LevelIter::new(level.clone(), start, &self.ctx)),
+            });
         }
         let mut found = Vec::new();
         let mut bytes = 0usize;

@@ -3,12 +3,13 @@
 
 use std::cmp::Ordering;
 use std::collections::binary_heap::{BinaryHeap, PeekMut};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use crate::error::Result;
 use crate::keytable::Block;
 use crate::types::{entry_order, Entry};
-use crate::version::{Keytable, ReadCtx};
+use crate::version::{Keytable, ReadCtx, Source};
 
 /// A sorted stream of entries that may fail (device reads).
 pub type EntryIter<'a> = Box<dyn Iterator<Item = Result<Entry>> + Send + 'a>;
@@ -26,11 +27,36 @@ pub struct LevelIter<'a> {
     read_ahead: bool,
     /// The current keytable's blocks after `block`, already read.
     ahead: std::vec::IntoIter<Arc<Block>>,
+    /// Set for an iteration from cached blocks only (see
+    /// [`LevelIter::cached`]): raised at the first block the cache lacks.
+    declined: Option<&'a AtomicBool>,
 }
 
 impl<'a> LevelIter<'a> {
     /// Entries of `tables` ordered at or after `from`.
     pub fn new(tables: Vec<Arc<Keytable>>, from: &[u8], ctx: &'a ReadCtx) -> Self {
+        Self::start(tables, from, ctx, None)
+    }
+
+    /// [`LevelIter::new`] for a caller that must not wait for the device:
+    /// only cached blocks are read. At the first block the cache lacks the
+    /// iteration ends and `declined` is set; what came before is correct,
+    /// but the stream is then incomplete and the caller must not use it.
+    pub fn cached(
+        tables: Vec<Arc<Keytable>>,
+        from: &[u8],
+        ctx: &'a ReadCtx,
+        declined: &'a AtomicBool,
+    ) -> Self {
+        Self::start(tables, from, ctx, Some(declined))
+    }
+
+    fn start(
+        tables: Vec<Arc<Keytable>>,
+        from: &[u8],
+        ctx: &'a ReadCtx,
+        declined: Option<&'a AtomicBool>,
+    ) -> Self {
         let table = tables.partition_point(|kt| kt.index.largest.as_ref() < from);
         let mut it = LevelIter {
             tables,
@@ -42,15 +68,18 @@ impl<'a> LevelIter<'a> {
             failed: false,
             read_ahead: false,
             ahead: Vec::new().into_iter(),
+            declined,
         };
-        if let Some(kt) = it.tables.get(table) {
+        if let Some(kt) = it.tables.get(table).cloned() {
             it.block_idx = kt.index.find_block(from).unwrap_or(0);
-            match kt.block(it.block_idx, ctx) {
-                Ok(b) => {
+            match it.load(&kt) {
+                Ok(Some(b)) => {
                     it.pos = b.seek(from, u64::MAX);
                     it.block = Some(b);
                 }
-                Err(_) => it.block = None, // reported by next()
+                // A declined block ends the iteration (see `load`); an
+                // error is reported by next(), which loads it again.
+                Ok(None) | Err(_) => it.block = None,
             }
         }
         it
@@ -72,12 +101,23 @@ impl<'a> LevelIter<'a> {
             failed: false,
             read_ahead: true,
             ahead: Vec::new().into_iter(),
+            declined: None,
         }
     }
 
     /// Block `block_idx` of `kt`: the next one read ahead, or as the mode
     /// reads it.
+    /// `None` from a keytable without blocks to read ahead, or (ending the
+    /// iteration) for a block a cache-only iteration declines.
     fn load(&mut self, kt: &Keytable) -> Result<Option<Arc<Block>>> {
+        if let Some(declined) = self.declined {
+            let block = kt.block_from(self.block_idx, self.ctx, Source::CacheOnly)?;
+            if block.is_none() {
+                declined.store(true, AtomicOrdering::Relaxed);
+                self.failed = true;
+            }
+            return Ok(block);
+        }
         if !self.read_ahead {
             return kt.block(self.block_idx, self.ctx).map(Some);
         }
@@ -103,6 +143,7 @@ impl Iterator for LevelIter<'_> {
                 let kt = Arc::clone(self.tables.get(self.table)?);
                 match self.load(&kt) {
                     Ok(Some(b)) => self.block = Some(b),
+                    Ok(None) if self.failed => return None,
                     // A keytable without blocks: on to the next one.
                     Ok(None) => {
                         self.block_idx = 0;

@@ -117,7 +117,8 @@ impl DbInner {
             return Ok(None);
         }
         let (sv, seq) = self.read_view(None);
-        let found = self.visible_entries(&sv, from, end, STEP_KEYS, seq, usize::MAX, false)?;
+        let found =
+            self.visible_entries(&sv, from, end, STEP_KEYS, seq, usize::MAX, false, None)?;
         drop(sv);
         stats.keys += found.len() as u64;
         let small: Vec<&Entry> = found.iter().filter(|e| e.ptr.len <= MAX_RECORD).collect();

@@ -14,6 +14,8 @@
 //! conditional batch's predicate sees of a key (`conditional.rs`): the tag
 //! first, the value only if the predicate asks for it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use bytes::Bytes;
 
 use crate::db::{BatchOp, Db};
@@ -129,6 +131,46 @@ impl Db {
         Ok(Some(out))
     }
 
+    /// [`Db::scan_meta_bounded`] from DRAM alone, for a caller that must
+    /// not wait for the device (the node's network thread): the same
+    /// answer, or `None` when a keytable block it needs is not cached and
+    /// only `scan_meta_bounded` can answer.
+    pub fn try_scan_meta_bounded(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Option<Vec<(Bytes, ValueMeta)>>> {
+        let (sv, seq) = self.inner.read_view(None);
+        let declined = AtomicBool::new(false);
+        let found = self.inner.visible_entries(
+            &sv,
+            start,
+            end,
+            limit,
+            seq,
+            max_bytes,
+            false,
+            Some(&declined),
+        );
+        // Declined first: an incomplete listing may also fail its byte
+        // bound where the whole one would not.
+        if declined.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let found = found?;
+        Ok(Some(
+            found
+                .into_iter()
+                .map(|e| {
+                    let meta = ValueMeta::of(&e);
+                    (e.key, meta)
+                })
+                .collect(),
+        ))
+    }
+
     /// Up to `limit` live keys of `[start, end)` (empty `end`: unbounded)
     /// in key order, each with what the index holds of its value: a range
     /// listing that lets a reader compare replicas without reading values.
@@ -144,7 +186,7 @@ impl Db {
         let (sv, seq) = self.inner.read_view(None);
         Ok(self
             .inner
-            .visible_entries(&sv, start, end, limit, seq, max_bytes, false)?
+            .visible_entries(&sv, start, end, limit, seq, max_bytes, false, None)?
             .into_iter()
             .map(|e| {
                 let meta = ValueMeta::of(&e);

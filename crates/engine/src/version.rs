@@ -165,7 +165,12 @@ impl Keytable {
 
     /// Block `i` as `source` allows: `None` when it is not cached and the
     /// device may not be read.
-    fn block_from(&self, i: usize, ctx: &ReadCtx, source: Source) -> Result<Option<Arc<Block>>> {
+    pub(crate) fn block_from(
+        &self,
+        i: usize,
+        ctx: &ReadCtx,
+        source: Source,
+    ) -> Result<Option<Arc<Block>>> {
         match source {
             Source::CacheOrDevice => self.block(i, ctx).map(Some),
             Source::CacheOnly => Ok(ctx.cache.get(self.id, i as u32)),

@@ -88,6 +88,18 @@ fn check(db: &engine::Db, model: &BTreeMap<Vec<u8>, Vec<u8>>, keys: &[Vec<u8>], 
         want,
         "{when}: bounded listing"
     );
+    // From DRAM alone: the same listings, or none at all.
+    for (from, to, limit) in [(&b""[..], &b""[..], usize::MAX), (from, to, 3)] {
+        if let Some(fast) = db
+            .try_scan_meta_bounded(from, to, limit, usize::MAX)
+            .expect("try scan meta")
+        {
+            let slow = db
+                .scan_meta_bounded(from, to, limit, usize::MAX)
+                .expect("scan meta");
+            assert_eq!(fast, slow, "{when}: listing from DRAM alone");
+        }
+    }
 }
 
 #[test]
@@ -224,4 +236,70 @@ fn metadata_from_dram_alone_matches_or_declines() {
     assert_eq!(fast, None, "a block to read: declined");
     assert_eq!(reads.ops, 0, "declined without a device read");
     assert_eq!(db.multi_get_meta(&refs).expect("meta"), slow);
+}
+
+/// `try_scan_meta_bounded` lists what `scan_meta_bounded` lists while the
+/// keytable blocks it walks are cached (the memtable's versions merged
+/// with the levels', at any limit), and declines, without reading the
+/// device, when one is not: also when the listing it could give from the
+/// memtable alone would break the byte bound.
+#[test]
+fn listings_from_dram_alone_match_or_decline() {
+    let dev = nand(16, LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    for k in 0..500 {
+        db.put(&key(k), &value_for(k, 1, 100)).expect("put");
+    }
+    db.maintenance().expect("flush");
+    // Newer versions and deletions in the memtable, over the levels.
+    for k in (0..500).step_by(7) {
+        db.put(&key(k), &value_for(k, 2, 60)).expect("put");
+    }
+    for k in (3..500).step_by(11) {
+        db.delete(&key(k)).expect("delete");
+    }
+    let slow = db
+        .scan_meta_bounded(b"", b"", usize::MAX, usize::MAX)
+        .expect("scan");
+    assert!(slow.len() > 400, "{} listed", slow.len());
+    for limit in [1, 10, 100, usize::MAX] {
+        let want = db
+            .scan_meta_bounded(&key(20), b"", limit, usize::MAX)
+            .expect("scan");
+        let (fast, reads) = reads_during(&dev, || {
+            db.try_scan_meta_bounded(&key(20), b"", limit, usize::MAX)
+                .expect("try")
+        });
+        assert_eq!(fast, Some(want), "cached, limit {limit}: the same listing");
+        assert_eq!(reads.ops, 0);
+    }
+    let cold = Options {
+        cache_bytes: 0,
+        ..small_opts()
+    };
+    let db = reopened(&dev, db, &cold);
+    let (fast, reads) = reads_during(&dev, || {
+        db.try_scan_meta_bounded(b"", b"", usize::MAX, usize::MAX)
+            .expect("try")
+    });
+    assert_eq!(fast, None, "a block to read: declined");
+    assert_eq!(reads.ops, 0, "declined without a device read");
+    // A bound the memtable's versions alone would break: still declined,
+    // not refused as too large.
+    for k in 0..50 {
+        db.put(&key(k), &value_for(k, 3, 10)).expect("put");
+    }
+    assert_eq!(
+        db.try_scan_meta_bounded(b"", b"", usize::MAX, 64)
+            .expect("declined, not an error"),
+        None
+    );
+    let revived = (0..50).filter(|k| k % 11 == 3).count();
+    assert_eq!(
+        db.scan_meta_bounded(b"", b"", usize::MAX, usize::MAX)
+            .expect("scan")
+            .len(),
+        slow.len() + revived,
+        "the slow path still answers"
+    );
 }

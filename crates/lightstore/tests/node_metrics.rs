@@ -273,6 +273,31 @@ fn lone_gets_are_read_on_the_network_thread() {
     args.push(b"fresh");
     want.push(Resp::Bulk(b"in memory".to_vec()));
     assert_eq!(call(&mut conn, &args), Resp::Array(want));
+    // A range listing with digests is answered there too once its
+    // keytable blocks are cached (the first one may warm them on the
+    // pool): the same reply either way. Other RANGEs go to the pool.
+    let net_ranges = || info_field(&n, "stats", "net_ranges").expect("net_ranges");
+    let listing: [&[u8]; 6] = [b"RANGE", b"key1", b"key3", b"LIMIT", b"5", b"DIGESTS"];
+    let first = call(&mut conn, &listing);
+    let Resp::Array(items) = &first else {
+        panic!("RANGE reply {first:?}");
+    };
+    assert_eq!(items.len(), 10, "five keys, each with its digest");
+    let before = net_ranges();
+    assert_eq!(call(&mut conn, &listing), first);
+    assert_eq!(
+        net_ranges(),
+        before + 1,
+        "the listing ran on the network thread"
+    );
+    let Resp::Array(keys_only) = call(
+        &mut conn,
+        &[b"RANGE", b"key1", b"key3", b"LIMIT", b"5", b"KEYSONLY"],
+    ) else {
+        panic!("RANGE KEYSONLY reply");
+    };
+    assert_eq!(keys_only.len(), 5);
+    assert_eq!(net_ranges(), before + 1, "KEYSONLY went to the pool");
     // A lone VMETA (half of a consistent read's requests) is answered on
     // the network thread from the index, the same as the pool answers it.
     assert_eq!(

@@ -515,6 +515,17 @@ async fn run_on_executor(
             return Some((vec![(reply, time)], Duration::ZERO, Vec::new()));
         }
     }
+    if let [(Cmd::Range, args)] = &jobs[..] {
+        let clock = Instant::now();
+        if let Some(reply) = crate::data::try_range_digests(state, args) {
+            Counters::bump(&state.counters.net_ranges);
+            let time = CallTime {
+                total: clock.elapsed(),
+                device: Duration::ZERO,
+            };
+            return Some((vec![(reply, time)], Duration::ZERO, Vec::new()));
+        }
+    }
     if all_sets && jobs.len() <= MAX_INLINE_SETS && state.sets_may_run_inline {
         if let Some(replies) = crate::data::try_sets_inline(state, &jobs) {
             return Some((replies, Duration::ZERO, Vec::new()));

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use engine::BatchOp;
+use engine::{BatchOp, Tagging, ValueMeta};
 use protocol::Reply;
 
 use crate::cmd::errors::{self, int};
@@ -518,33 +518,100 @@ fn scan(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
     ]))
 }
 
+/// What a `RANGE` asks for, after `start end`.
+struct RangeOpts {
+    limit: usize,
+    keys_only: bool,
+    digests: bool,
+}
+
+impl RangeOpts {
+    /// `[LIMIT n] [KEYSONLY | DIGESTS]`, or the error reply.
+    fn parse(args: &[Bytes]) -> Result<RangeOpts, Reply> {
+        let mut limit = RANGE_DEFAULT_LIMIT;
+        let (mut keys_only, mut digests) = (false, false);
+        let mut opts = args[3..].iter();
+        while let Some(opt) = opts.next() {
+            if opt.eq_ignore_ascii_case(b"KEYSONLY") {
+                keys_only = true;
+            } else if opt.eq_ignore_ascii_case(b"DIGESTS") {
+                digests = true;
+            } else if opt.eq_ignore_ascii_case(b"LIMIT") {
+                match opts.next().and_then(|n| int(n)) {
+                    Some(n) if n >= 0 => limit = usize::try_from(n).unwrap_or(usize::MAX),
+                    _ => return Err(errors::not_integer()),
+                }
+            } else {
+                return Err(errors::syntax());
+            }
+        }
+        if keys_only && digests {
+            return Err(errors::syntax());
+        }
+        Ok(RangeOpts {
+            limit: limit.min(RANGE_MAX_LIMIT),
+            keys_only,
+            digests,
+        })
+    }
+}
+
+/// A listing could not be answered from DRAM alone (see
+/// [`try_range_digests`]).
+struct Declined;
+
+/// `RANGE start end [LIMIT n] DIGESTS` answered from DRAM alone, on the
+/// network thread as a lone `VMETA` is: the reply [`range`] gives, or
+/// `None` when the pool must answer it instead (a keytable block the
+/// listing needs is not cached, an entry older than value tags whose
+/// version is in its value, a bad argument or an error, which the pool
+/// reports).
+pub fn try_range_digests(state: &NodeState, args: &[Bytes]) -> Option<Reply> {
+    let opts = RangeOpts::parse(args).ok()?;
+    if !opts.digests {
+        return None;
+    }
+    let listed = read_visible(&args[1], &args[2], opts.limit, |s, e, n| {
+        match state.db.try_scan_meta_bounded(s, e, n, state.max_reply()) {
+            Ok(Some(found)) => Ok(found),
+            Ok(None) | Err(_) => Err(Declined),
+        }
+    })
+    .ok()?;
+    if listed.iter().any(|(_, meta)| meta.tag == Tagging::Unknown) {
+        return None;
+    }
+    digests_reply(state, listed).ok()
+}
+
+/// A digest listing as `RANGE ... DIGESTS` sends it: each key followed by
+/// its digest (Null for a key deleted between the listing and its digest;
+/// only entries older than value tags need that second look).
+fn digests_reply(state: &NodeState, listed: Vec<(Bytes, ValueMeta)>) -> engine::Result<Reply> {
+    note_listed(state, listed.iter().map(|(k, _)| &k[..]));
+    let mut out = Vec::with_capacity(listed.len() * 2);
+    for (key, meta) in listed {
+        let digest = crate::vcmd::digest(state, &key, meta)?;
+        out.push(Reply::Bulk(key));
+        out.push(digest);
+    }
+    Ok(Reply::Array(out))
+}
+
 /// RANGE start end [LIMIT n] [KEYSONLY | DIGESTS]: ordered pairs with
 /// start <= key < end (empty end = unbounded) as a flat array k1 v1 k2 v2
 /// ...; with KEYSONLY only the keys, with DIGESTS each key followed by its
 /// digest as VMETA gives it (`[version, crc32c, length, deleted]`, or Null
 /// for a key deleted meanwhile). Neither reads a value from the device.
 fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
-    let mut limit = RANGE_DEFAULT_LIMIT;
-    let (mut keys_only, mut digests) = (false, false);
-    let mut opts = args[3..].iter();
-    while let Some(opt) = opts.next() {
-        if opt.eq_ignore_ascii_case(b"KEYSONLY") {
-            keys_only = true;
-        } else if opt.eq_ignore_ascii_case(b"DIGESTS") {
-            digests = true;
-        } else if opt.eq_ignore_ascii_case(b"LIMIT") {
-            match opts.next().and_then(|n| int(n)) {
-                Some(n) if n >= 0 => limit = usize::try_from(n).unwrap_or(usize::MAX),
-                _ => return Ok(errors::not_integer()),
-            }
-        } else {
-            return Ok(errors::syntax());
-        }
-    }
-    if keys_only && digests {
-        return Ok(errors::syntax());
-    }
-    let limit = limit.min(RANGE_MAX_LIMIT);
+    let RangeOpts {
+        limit,
+        keys_only,
+        digests,
+    } = match RangeOpts::parse(args) {
+        Ok(opts) => opts,
+        Err(reply) => return Ok(reply),
+    };
     let too_large = |max: usize| {
         Reply::err(format!(
             "reply too large: this range holds more than max-reply ({max} bytes); use a smaller LIMIT"
@@ -567,16 +634,7 @@ fn range(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
             Err(engine::Error::TooLarge { max }) => return Ok(too_large(max)),
             other => other?,
         };
-        note_listed(state, listed.iter().map(|(k, _)| &k[..]));
-        let mut out = Vec::with_capacity(listed.len() * 2);
-        for (key, meta) in listed {
-            // Null for a key deleted between the listing and its digest
-            // (only entries older than value tags need a second look).
-            let digest = crate::vcmd::digest(state, &key, meta)?;
-            out.push(Reply::Bulk(key));
-            out.push(digest);
-        }
-        return Ok(Reply::Array(out));
+        return digests_reply(state, listed);
     }
     let pairs = match read_visible(&args[1], &args[2], limit, |s, e, n| {
         state.db.scan_bounded(s, e, n, state.max_reply())

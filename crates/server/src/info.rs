@@ -116,6 +116,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("inline_sets", &get(&c.inline_sets));
             line("net_gets", &get(&c.net_gets));
             line("net_vmetas", &get(&c.net_vmetas));
+            line("net_ranges", &get(&c.net_ranges));
             for ((_, name, _), calls) in COMMANDS.iter().zip(&c.calls) {
                 let n = get(calls);
                 if n > 0 {

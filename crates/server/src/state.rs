@@ -34,6 +34,8 @@ pub struct Counters {
     pub net_gets: AtomicU64,
     /// VMETAs answered on the network thread (no executor hand-off).
     pub net_vmetas: AtomicU64,
+    /// `RANGE ... DIGESTS` listings answered on the network thread.
+    pub net_ranges: AtomicU64,
     /// Calls per entry of [`COMMANDS`].
     pub calls: Vec<AtomicU64>,
 }
@@ -50,6 +52,7 @@ impl Counters {
             inline_sets: AtomicU64::new(0),
             net_gets: AtomicU64::new(0),
             net_vmetas: AtomicU64::new(0),
+            net_ranges: AtomicU64::new(0),
             calls: COMMANDS.iter().map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -71,6 +74,7 @@ impl Counters {
             &self.inline_sets,
             &self.net_gets,
             &self.net_vmetas,
+            &self.net_ranges,
         ]
         .into_iter()
         .chain(&self.calls)
