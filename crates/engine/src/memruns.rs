@@ -108,9 +108,38 @@ impl Item {
     }
 }
 
+/// Every how many items a run keeps its item's head in [`RunData::fences`].
+const FENCE: usize = 16;
+
 /// A sorted run: strictly increasing in entry order (no `(key, seq)`
 /// twice).
-type Run = Arc<Vec<Item>>;
+type Run = Arc<RunData>;
+
+/// A run's items, and every [`FENCE`]th item's key head in an array of its
+/// own: a seek searches those first (a few kilobytes, in cache after the
+/// first seeks) and then at most a few items, where a search of the items
+/// alone missed the cache at almost every step (an item is about a hundred
+/// bytes and a full run over a megabyte). A cluster scan's listing seeks
+/// every run of the memtable.
+struct RunData {
+    items: Vec<Item>,
+    fences: Vec<KeyHead>,
+}
+
+impl RunData {
+    fn new(items: Vec<Item>) -> Self {
+        let fences = items.iter().step_by(FENCE).map(|it| it.head).collect();
+        RunData { items, fences }
+    }
+}
+
+impl std::ops::Deref for RunData {
+    type Target = [Item];
+
+    fn deref(&self) -> &[Item] {
+        &self.items
+    }
+}
 
 /// Sorts inserts of one tail into a run, in place: stable, so that of
 /// equal `(key, seq)` pairs the last inserted is the one kept.
@@ -156,8 +185,16 @@ fn merge_two(older: &[Item], newer: &[Item], mut out: Vec<Item>) -> Vec<Item> {
 }
 
 /// Position of the first item at or after `(key, seq)` in a run.
-fn seek(run: &[Item], head: &KeyHead, key: &[u8], seq: SeqNo) -> usize {
-    run.partition_point(|it| order(it.at(), (head, key, seq)) == Ordering::Less)
+fn seek(run: &RunData, head: &KeyHead, key: &[u8], seq: SeqNo) -> usize {
+    // Heads never decrease along a run. The fence before the first one
+    // not below `head` is below it, so is every item up to that fence; a
+    // fence above `head` is above the target, so is every item from it.
+    let first_not_below = run.fences.partition_point(|h| h < head);
+    let first_above =
+        first_not_below + run.fences[first_not_below..].partition_point(|h| h == head);
+    let lo = first_not_below.saturating_sub(1) * FENCE;
+    let hi = (first_above * FENCE).min(run.items.len());
+    lo + run.items[lo..hi].partition_point(|it| order(it.at(), (head, key, seq)) == Ordering::Less)
 }
 
 /// Emptied run vectors a dropped memtable leaves for the next one's merges
@@ -221,7 +258,7 @@ impl SortedRuns {
     pub(crate) fn into_spares(self) -> SpareRuns {
         let mut spares = self.spares.into_inner();
         for run in self.state.into_inner().runs {
-            if let Ok(mut v) = Arc::try_unwrap(run) {
+            if let Ok(RunData { items: mut v, .. }) = Arc::try_unwrap(run) {
                 v.clear();
                 spares.push(v);
             }
@@ -245,7 +282,7 @@ impl SortedRuns {
                 &mut st.tail,
                 Vec::with_capacity(self.tail_len),
             ));
-            st.runs.push(Arc::new(run));
+            st.runs.push(Arc::new(RunData::new(run)));
         }
         self.merge_newest();
     }
@@ -265,7 +302,7 @@ impl SortedRuns {
                 (a.clone(), b.clone())
             };
             let out = self.spare_for(older.len() + newer.len());
-            let merged = Arc::new(merge_two(&older, &newer, out));
+            let merged = Arc::new(RunData::new(merge_two(&older, &newer, out)));
             {
                 let mut st = self.state.lock();
                 let n = st.runs.len();
@@ -304,7 +341,7 @@ impl SortedRuns {
     /// Keeps a merged-away run's memory for the next merge, unless a reader
     /// still holds the run (then it is freed when the reader lets go).
     fn recycle(&self, run: Run) {
-        let Ok(mut v) = Arc::try_unwrap(run) else {
+        let Ok(RunData { items: mut v, .. }) = Arc::try_unwrap(run) else {
             return;
         };
         v.clear();
@@ -366,7 +403,7 @@ impl SortedRuns {
         if !st.tail.is_empty() {
             let tail = st.tail.clone();
             drop(st);
-            runs.push(Arc::new(sorted(tail)));
+            runs.push(Arc::new(RunData::new(sorted(tail))));
         }
         Snapshot { runs }
     }
