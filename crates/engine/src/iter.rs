@@ -106,9 +106,8 @@ impl<'a> LevelIter<'a> {
     }
 
     /// Block `block_idx` of `kt`: the next one read ahead, or as the mode
-    /// reads it.
-    /// `None` from a keytable without blocks to read ahead, or (ending the
-    /// iteration) for a block a cache-only iteration declines.
+    /// reads it. `None` from a keytable without blocks to read ahead, or
+    /// (ending the iteration) for a block a cache-only iteration declines.
     fn load(&mut self, kt: &Keytable) -> Result<Option<Arc<Block>>> {
         if let Some(declined) = self.declined {
             let block = kt.block_from(self.block_idx, self.ctx, Source::CacheOnly)?;

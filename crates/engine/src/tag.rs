@@ -159,16 +159,7 @@ impl Db {
         if declined.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        let found = found?;
-        Ok(Some(
-            found
-                .into_iter()
-                .map(|e| {
-                    let meta = ValueMeta::of(&e);
-                    (e.key, meta)
-                })
-                .collect(),
-        ))
+        Ok(Some(listing(found?)))
     }
 
     /// Up to `limit` live keys of `[start, end)` (empty `end`: unbounded)
@@ -184,16 +175,22 @@ impl Db {
         max_bytes: usize,
     ) -> Result<Vec<(Bytes, ValueMeta)>> {
         let (sv, seq) = self.inner.read_view(None);
-        Ok(self
-            .inner
-            .visible_entries(&sv, start, end, limit, seq, max_bytes, false, None)?
-            .into_iter()
-            .map(|e| {
-                let meta = ValueMeta::of(&e);
-                (e.key, meta)
-            })
-            .collect())
+        Ok(listing(self.inner.visible_entries(
+            &sv, start, end, limit, seq, max_bytes, false, None,
+        )?))
     }
+}
+
+/// Listed entries as a range listing gives them: each key with what the
+/// index holds of its value.
+fn listing(found: Vec<Entry>) -> Vec<(Bytes, ValueMeta)> {
+    found
+        .into_iter()
+        .map(|e| {
+            let meta = ValueMeta::of(&e);
+            (e.key, meta)
+        })
+        .collect()
 }
 
 /// A key's current value as a conditional batch's predicate sees it: what

@@ -504,21 +504,21 @@ async fn run_on_executor(
             }
         }
     }
-    if let [(Cmd::Vmeta, args)] = &jobs[..] {
+    // A lone VMETA or RANGE ... DIGESTS the index in DRAM can answer.
+    if let [(cmd @ (Cmd::Vmeta | Cmd::Range), args)] = &jobs[..] {
         let clock = Instant::now();
-        if let Some(reply) = crate::vcmd::try_vmeta(state, args) {
-            Counters::bump(&state.counters.net_vmetas);
-            let time = CallTime {
-                total: clock.elapsed(),
-                device: Duration::ZERO,
-            };
-            return Some((vec![(reply, time)], Duration::ZERO, Vec::new()));
-        }
-    }
-    if let [(Cmd::Range, args)] = &jobs[..] {
-        let clock = Instant::now();
-        if let Some(reply) = crate::data::try_range_digests(state, args) {
-            Counters::bump(&state.counters.net_ranges);
+        let (reply, counter) = match cmd {
+            Cmd::Vmeta => (
+                crate::vcmd::try_vmeta(state, args),
+                &state.counters.net_vmetas,
+            ),
+            _ => (
+                crate::data::try_range_digests(state, args),
+                &state.counters.net_ranges,
+            ),
+        };
+        if let Some(reply) = reply {
+            Counters::bump(counter);
             let time = CallTime {
                 total: clock.elapsed(),
                 device: Duration::ZERO,
