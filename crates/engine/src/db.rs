@@ -31,6 +31,13 @@ use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
 /// chunks). The log thread has one chunk write in flight; with eight, a
 /// writer filling the log at small-value speed waited on that write about
 /// a twentieth of its time (`bench/RESULTS.md`, session 29).
+/// A walk for a caller that must not wait ([`DbInner::visible_entries`]
+/// with `cached_only`) passes at most this many index entries per key
+/// asked for, plus [`CACHED_WALK_SLACK`].
+const CACHED_WALK_PER_KEY: usize = 4;
+/// See [`CACHED_WALK_PER_KEY`].
+const CACHED_WALK_SLACK: usize = 256;
+
 const MAX_LOG_BACKLOG: usize = 32;
 
 /// Flush debt (see `flush_debt`) from which writers are slowed down.
@@ -1009,9 +1016,12 @@ impl DbInner {
     /// Fails with [`Error::TooLarge`] as soon as the keys found (and, with
     /// `with_values`, their records) add up to more than `max_bytes`.
     ///
-    /// With `cached_only`, keytable blocks come from the cache alone: at the
-    /// first one it lacks, `cached_only` is set and the answer is incomplete
-    /// (the caller drops it).
+    /// With `cached_only`, keytable blocks come from the cache alone, and
+    /// the walk passes at most [`CACHED_WALK_PER_KEY`] index entries per
+    /// key asked for plus [`CACHED_WALK_SLACK`] (older versions, deletions):
+    /// at the first block the cache lacks or past that many entries,
+    /// `cached_only` is set and the answer is incomplete (the caller drops
+    /// it). A caller that must not wait gets a bounded amount of work.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn visible_entries(
         &self,
@@ -1036,10 +1046,22 @@ impl DbInner {
                 None => Box::new(LevelIter::new(level.clone(), start, &self.ctx)),
             });
         }
+        let walk_at_most = match cached_only {
+            Some(_) => limit
+                .saturating_mul(CACHED_WALK_PER_KEY)
+                .saturating_add(CACHED_WALK_SLACK),
+            None => usize::MAX,
+        };
         let mut found = Vec::new();
         let mut bytes = 0usize;
         let mut last_key: Option<Bytes> = None;
-        for e in MergeIter::new(sources) {
+        for (walked, e) in MergeIter::new(sources).enumerate() {
+            if walked >= walk_at_most {
+                if let Some(declined) = cached_only {
+                    declined.store(true, Ordering::Relaxed);
+                }
+                break;
+            }
             let e = e?;
             if !end.is_empty() && e.key.as_ref() >= end {
                 break;

@@ -133,8 +133,10 @@ impl Db {
 
     /// [`Db::scan_meta_bounded`] from DRAM alone, for a caller that must
     /// not wait for the device (the node's network thread): the same
-    /// answer, or `None` when a keytable block it needs is not cached and
-    /// only `scan_meta_bounded` can answer.
+    /// answer, or `None` when a keytable block it needs is not cached, or
+    /// the walk would pass more than four index entries per key asked for
+    /// (plus 256: older versions, deletions), and only `scan_meta_bounded`
+    /// can answer.
     pub fn try_scan_meta_bounded(
         &self,
         start: &[u8],

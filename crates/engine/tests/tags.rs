@@ -302,4 +302,37 @@ fn listings_from_dram_alone_match_or_decline() {
         slow.len() + revived,
         "the slow path still answers"
     );
+    // A walk past more deletions than four entries per key asked for
+    // (plus 256) declines: bounded work for the network thread.
+    let cached = Options {
+        cache_bytes: 64 << 20,
+        ..small_opts()
+    };
+    let db = reopened(&dev, db, &cached);
+    db.scan_meta_bounded(b"", b"", usize::MAX, usize::MAX)
+        .expect("warm the cache");
+    for k in 100..450 {
+        db.delete(&key(k)).expect("delete");
+    }
+    let slow = db
+        .scan_meta_bounded(&key(100), b"", 2, usize::MAX)
+        .expect("scan");
+    assert_eq!(slow.len(), 2, "two live keys after the deleted run");
+    assert_eq!(
+        db.try_scan_meta_bounded(&key(100), b"", 2, usize::MAX)
+            .expect("try"),
+        None,
+        "350 deletions to pass for 2 keys: declined"
+    );
+    // Each deleted key is two entries (its deletion, its older put): some
+    // 800 to the end, within 4 × 200 + 256.
+    assert_eq!(
+        db.try_scan_meta_bounded(&key(100), b"", 200, usize::MAX)
+            .expect("try"),
+        Some(
+            db.scan_meta_bounded(&key(100), b"", 200, usize::MAX)
+                .expect("scan")
+        ),
+        "within the bound: answered"
+    );
 }

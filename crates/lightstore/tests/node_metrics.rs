@@ -298,6 +298,13 @@ fn lone_gets_are_read_on_the_network_thread() {
     };
     assert_eq!(keys_only.len(), 5);
     assert_eq!(net_ranges(), before + 1, "KEYSONLY went to the pool");
+    let long: [&[u8]; 6] = [b"RANGE", b"key1", b"key3", b"LIMIT", b"257", b"DIGESTS"];
+    assert!(matches!(call(&mut conn, &long), Resp::Array(_)));
+    assert_eq!(
+        net_ranges(),
+        before + 1,
+        "a LIMIT over 256 went to the pool"
+    );
     // A lone VMETA (half of a consistent read's requests) is answered on
     // the network thread from the index, the same as the pool answers it.
     assert_eq!(

@@ -556,6 +556,12 @@ impl RangeOpts {
     }
 }
 
+/// Largest `LIMIT` of a listing answered on the network thread (a cluster
+/// scan's page for up to a few hundred records); larger ones, which would
+/// hold the thread and every connection on it for longer, go to the pool.
+/// The engine bounds the walk too (older versions and deletions passed).
+const MAX_NET_RANGE_KEYS: usize = 256;
+
 /// A listing could not be answered from DRAM alone (see
 /// [`try_range_digests`]).
 struct Declined;
@@ -564,11 +570,12 @@ struct Declined;
 /// network thread as a lone `VMETA` is: the reply [`range`] gives, or
 /// `None` when the pool must answer it instead (a keytable block the
 /// listing needs is not cached, an entry older than value tags whose
-/// version is in its value, a bad argument or an error, which the pool
-/// reports).
+/// version is in its value, a `LIMIT` over [`MAX_NET_RANGE_KEYS`] or a
+/// walk past many deleted or older entries, a bad argument or an error,
+/// which the pool reports).
 pub fn try_range_digests(state: &NodeState, args: &[Bytes]) -> Option<Reply> {
     let opts = RangeOpts::parse(args).ok()?;
-    if !opts.digests {
+    if !opts.digests || opts.limit > MAX_NET_RANGE_KEYS {
         return None;
     }
     let listed = read_visible(&args[1], &args[2], opts.limit, |s, e, n| {
