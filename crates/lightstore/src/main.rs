@@ -120,31 +120,8 @@ pub(crate) fn print_check(
     }
 }
 
-/// Turns transparent huge pages off for this process unless the operator
-/// set `LIGHTSTORE_THP=1`. The allocator asks for huge pages on its arena
-/// (`madvise`), so each first touch of a 2 MiB stretch faults in and clears
-/// the whole of it, whatever small part is used: while a fresh node or
-/// adapter grows to its working set, that clearing was 11 % of the
-/// machine's CPU in a mount's sequential writes (session 35 in
-/// `bench/RESULTS.md`). The flag holds for every later fault, in the
-/// mappings made so far as well (`PR_SET_THP_DISABLE`).
-fn small_pages_only() {
-    if std::env::var_os("LIGHTSTORE_THP").is_some_and(|v| v == "1") {
-        return;
-    }
-    // SAFETY: a process-wide flag; no pointers are passed.
-    let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    if r != 0 {
-        tracing::debug!(
-            "transparent huge pages stay on: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
 fn main() {
     keep_freed_memory_a_while();
-    small_pages_only();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -175,17 +152,6 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// After the call the process takes no huge pages, unless the
-    /// operator asked for them.
-    #[test]
-    fn huge_pages_are_off_unless_the_operator_turns_them_on() {
-        small_pages_only();
-        // SAFETY: reads a process-wide flag.
-        let off = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
-        let wanted = std::env::var_os("LIGHTSTORE_THP").is_some_and(|v| v == "1");
-        assert_eq!(off == 1, !wanted, "PR_GET_THP_DISABLE gave {off}");
-    }
 
     /// The option index names mimalloc's purge delay: after the call,
     /// mimalloc reports the delay set (or the operator's, if given).
