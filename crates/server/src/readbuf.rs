@@ -4,12 +4,16 @@
 //!
 //! Reads within the 256 KiB allowance reuse the buffer's own allocation or
 //! get a new one of exactly the room asked; a large pending value gets one
-//! buffer of its size, and only once the budget allows it.
+//! buffer of its size, and only once the budget allows it. A small buffer
+//! replaced while values still share it is kept node-wide ([`Retired`])
+//! and reused once they are gone.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use parking_lot::Mutex;
 use protocol::{Reply, RequestParser};
 
 use crate::budget::{Grant, Hold, ALLOWANCE};
@@ -48,7 +52,62 @@ pub(crate) fn make_small_room(
         }
         *abandoned += spare;
     }
-    *rbuf = exact_copy(rbuf, room);
+    let mut fresh = RETIRED
+        .reuse(rbuf.len() + room)
+        .unwrap_or_else(|| BytesMut::with_capacity(rbuf.len() + room));
+    fresh.extend_from_slice(rbuf);
+    RETIRED.keep(std::mem::replace(rbuf, fresh));
+}
+
+/// Most read buffers [`RETIRED`] keeps: with buffers of at most
+/// [`ALLOWANCE`], 16 MiB for the whole node, outside the request budget.
+const MAX_RETIRED: usize = 64;
+
+/// The node's retired read buffers.
+static RETIRED: Retired = Retired::new(MAX_RETIRED);
+
+/// Read buffers that connections replaced while the values of their
+/// requests still shared them (values wait in the memtable and the log's
+/// queue until written), kept to be reused once those values are gone.
+/// Dropped instead, each went back to the allocator, which under a stream
+/// of large writes handed out fresh memory for the next buffer, faulted in
+/// and cleared: the largest source of a growing node's page faults
+/// (session 35 in `bench/RESULTS.md`). Oldest first; the oldest is let go
+/// when full.
+pub(crate) struct Retired {
+    buffers: Mutex<VecDeque<BytesMut>>,
+    max: usize,
+}
+
+impl Retired {
+    pub(crate) const fn new(max: usize) -> Self {
+        Self {
+            buffers: Mutex::new(VecDeque::new()),
+            max,
+        }
+    }
+
+    /// Keeps `old` (emptied) for reuse, if it is small enough to pool.
+    pub(crate) fn keep(&self, mut old: BytesMut) {
+        if old.capacity() > ALLOWANCE {
+            return;
+        }
+        old.clear();
+        let mut buffers = self.buffers.lock();
+        if buffers.len() >= self.max {
+            buffers.pop_front();
+        }
+        buffers.push_back(old);
+    }
+
+    /// An empty buffer with room for `room` bytes, if one is kept: its own
+    /// spare room (past values that may still share the allocation) when
+    /// that is enough, else its whole allocation once nothing shares it.
+    pub(crate) fn reuse(&self, room: usize) -> Option<BytesMut> {
+        let mut buffers = self.buffers.lock();
+        let found = buffers.iter_mut().position(|b| b.try_reclaim(room))?;
+        buffers.remove(found)
+    }
 }
 
 /// A new buffer holding `rbuf`'s bytes with room for exactly `room` more.
@@ -133,5 +192,42 @@ pub(crate) async fn take_request_memory(
             }
             _ = stop.changed() => return Taken::Stopped,
         }
+    }
+}
+
+#[cfg(test)]
+mod retired_tests {
+    use super::*;
+
+    /// A kept buffer comes back for more room than its own spare only once
+    /// no value shares it, in the same allocation, empty.
+    #[test]
+    fn a_retired_buffer_is_reused_once_its_values_are_gone() {
+        let retired = Retired::new(2);
+        let mut buf = BytesMut::with_capacity(4096);
+        buf.extend_from_slice(b"value bytes");
+        let start = buf.as_ptr();
+        let value = buf.split_to(5).freeze();
+        retired.keep(buf);
+        // Its own spare room is smaller than the whole allocation.
+        assert!(retired.reuse(4096).is_none(), "a value still shares it");
+        drop(value);
+        let again = retired.reuse(4096).expect("reused once the value is gone");
+        assert_eq!(again.as_ptr(), start, "the same allocation, from its start");
+        assert!(again.is_empty() && again.capacity() >= 4096);
+        assert!(retired.reuse(1).is_none(), "taken out of the pool");
+    }
+
+    /// The pool holds at most its bound (the oldest goes) and no buffer
+    /// larger than the allowance.
+    #[test]
+    fn the_pool_is_bounded() {
+        let retired = Retired::new(2);
+        retired.keep(BytesMut::with_capacity(ALLOWANCE + 1));
+        assert!(retired.reuse(1).is_none(), "large buffers are not kept");
+        for _ in 0..3 {
+            retired.keep(BytesMut::with_capacity(1024));
+        }
+        assert_eq!(retired.buffers.lock().len(), 2);
     }
 }
