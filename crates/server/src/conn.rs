@@ -21,7 +21,7 @@ use crate::exec::{Pools, Run};
 use crate::metrics::{micros, Breakdown};
 use crate::readbuf::{
     exact_copy, make_small_room, read_charge, shrink_read_buffer, take_request_memory, Taken,
-    MAX_READ_ROOM, MIN_ROOM, READ_CHUNK,
+    MAX_READ_ROOM, MIN_ROOM, READ_CHUNK, RETIRED,
 };
 use crate::reserved::reserved_key_in_write;
 use crate::session::{noauth, run_local, Outcome, Session};
@@ -95,6 +95,9 @@ where
     // Spare room of buffers left behind, still shared with the arguments of
     // the request in progress (see `make_small_room`).
     let mut abandoned = 0;
+    // Whether `rbuf`'s allocation may go to the pool of read buffers when
+    // replaced: not a large value's buffer (see `make_small_room`).
+    let mut poolable = true;
     loop {
         let authed = session.authed;
         parser.set_limits(if authed {
@@ -127,7 +130,7 @@ where
         // given back as it runs (a client that does not read its replies
         // must not keep request memory it no longer uses).
         let missing = parser.bulk_missing(&rbuf);
-        shrink_read_buffer(&mut rbuf, missing);
+        shrink_read_buffer(&mut rbuf, missing, &mut poolable);
         let idle = read_charge(&rbuf, &parser, 0);
         let mut after = After::Continue;
         if !batch.is_empty() {
@@ -183,9 +186,15 @@ where
             abandoned = 0;
         }
         if !large {
-            make_small_room(&mut rbuf, room, &parser, &mut abandoned);
+            make_small_room(
+                &mut rbuf,
+                room,
+                &parser,
+                &mut abandoned,
+                (&RETIRED, &mut poolable),
+            );
         }
-        shrink_read_buffer(&mut rbuf, room);
+        shrink_read_buffer(&mut rbuf, room, &mut poolable);
         // Reading fills the buffer (up to its capacity) and, for a request
         // in progress, adds to what it holds: both come out of the budget.
         let holds = read_charge(&rbuf, &parser, room);
@@ -202,6 +211,7 @@ where
         // A large value gets one buffer of its size, once the budget allows.
         if large && rbuf.capacity() - rbuf.len() < room {
             rbuf = exact_copy(&rbuf, room);
+            poolable = false;
         }
         let spare = rbuf.capacity() - rbuf.len();
         // A client holding request memory must keep sending: one that

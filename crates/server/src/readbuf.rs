@@ -36,11 +36,17 @@ pub(crate) const MIN_ROOM: usize = 16 << 10;
 /// what the request itself holds, reads go to the spare room as it is (if
 /// at least [`MIN_ROOM`]), so a client sending one tiny argument per packet
 /// cannot pin a buffer per argument while it is charged for bytes.
+///
+/// `poolable` says whether `rbuf`'s allocation may go to `pool` when
+/// replaced: false for a large value's buffer (of any size up to the
+/// largest request), which the pool must not keep; true for the
+/// replacement.
 pub(crate) fn make_small_room(
     rbuf: &mut BytesMut,
     room: usize,
     parser: &RequestParser,
     abandoned: &mut usize,
+    (pool, poolable): (&Retired, &mut bool),
 ) {
     if rbuf.try_reclaim(room) {
         return;
@@ -52,11 +58,15 @@ pub(crate) fn make_small_room(
         }
         *abandoned += spare;
     }
-    let mut fresh = RETIRED
+    let mut fresh = pool
         .reuse(rbuf.len() + room)
         .unwrap_or_else(|| BytesMut::with_capacity(rbuf.len() + room));
     fresh.extend_from_slice(rbuf);
-    RETIRED.keep(std::mem::replace(rbuf, fresh));
+    let old = std::mem::replace(rbuf, fresh);
+    if *poolable {
+        pool.keep(old);
+    }
+    *poolable = true;
 }
 
 /// Most read buffers [`RETIRED`] keeps: with buffers of at most
@@ -64,7 +74,7 @@ pub(crate) fn make_small_room(
 const MAX_RETIRED: usize = 64;
 
 /// The node's retired read buffers.
-static RETIRED: Retired = Retired::new(MAX_RETIRED);
+pub(crate) static RETIRED: Retired = Retired::new(MAX_RETIRED);
 
 /// Read buffers that connections replaced while the values of their
 /// requests still shared them (values wait in the memtable and the log's
@@ -87,7 +97,9 @@ impl Retired {
         }
     }
 
-    /// Keeps `old` (emptied) for reuse, if it is small enough to pool.
+    /// Keeps `old` (emptied) for reuse, if it is small enough to pool. Its
+    /// capacity is what follows its own start, not its whole allocation:
+    /// callers give only buffers they know were allocated small.
     pub(crate) fn keep(&self, mut old: BytesMut) {
         if old.capacity() > ALLOWANCE {
             return;
@@ -121,9 +133,11 @@ pub(crate) fn exact_copy(rbuf: &BytesMut, room: usize) -> BytesMut {
 /// the next read fit under it: after a large value the buffer (or, through
 /// `try_reclaim`, the value's whole allocation) would otherwise stay with
 /// the connection, and on the budget, while it idles.
-pub(crate) fn shrink_read_buffer(rbuf: &mut BytesMut, room: usize) {
+/// The new buffer may go to the pool later (`poolable`).
+pub(crate) fn shrink_read_buffer(rbuf: &mut BytesMut, room: usize, poolable: &mut bool) {
     if rbuf.capacity() > ALLOWANCE && rbuf.len() + room <= ALLOWANCE {
         *rbuf = exact_copy(rbuf, room);
+        *poolable = true;
     }
 }
 
@@ -216,6 +230,38 @@ mod retired_tests {
         assert_eq!(again.as_ptr(), start, "the same allocation, from its start");
         assert!(again.is_empty() && again.capacity() >= 4096);
         assert!(retired.reuse(1).is_none(), "taken out of the pool");
+    }
+
+    /// A replaced read buffer goes to the pool unless it was a large
+    /// value's, and its replacement may go later.
+    #[test]
+    fn only_small_buffers_are_retired() {
+        let pool = Retired::new(4);
+        let parser = RequestParser::new(protocol::Limits::default());
+        let mut abandoned = 0;
+        let mut large = BytesMut::with_capacity(64);
+        let mut poolable = false; // as if a large value's buffer
+        make_small_room(
+            &mut large,
+            4096,
+            &parser,
+            &mut abandoned,
+            (&pool, &mut poolable),
+        );
+        assert!(
+            pool.buffers.lock().is_empty(),
+            "a large value's buffer is not kept"
+        );
+        assert!(poolable, "its replacement is small");
+        let mut small = BytesMut::with_capacity(64);
+        make_small_room(
+            &mut small,
+            4096,
+            &parser,
+            &mut abandoned,
+            (&pool, &mut poolable),
+        );
+        assert_eq!(pool.buffers.lock().len(), 1, "a small buffer is kept");
     }
 
     /// The pool holds at most its bound (the oldest goes) and no buffer
