@@ -39,8 +39,8 @@ pub(crate) const MIN_ROOM: usize = 16 << 10;
 ///
 /// `poolable` says whether `rbuf`'s allocation may go to `pool` when
 /// replaced: false for a large value's buffer (of any size up to the
-/// largest request), which the pool must not keep; true for the
-/// replacement.
+/// largest request) and for any allocation over [`ALLOWANCE`], which the
+/// pool must not keep; set for the replacement.
 pub(crate) fn make_small_room(
     rbuf: &mut BytesMut,
     room: usize,
@@ -62,15 +62,19 @@ pub(crate) fn make_small_room(
         .reuse(rbuf.len() + room)
         .unwrap_or_else(|| BytesMut::with_capacity(rbuf.len() + room));
     fresh.extend_from_slice(rbuf);
+    // A buffer's capacity is its whole allocation only while it is fresh:
+    // decide now whether the pool may keep it later.
+    let fresh_is_small = fresh.capacity() <= ALLOWANCE;
     let old = std::mem::replace(rbuf, fresh);
     if *poolable {
         pool.keep(old);
     }
-    *poolable = true;
+    *poolable = fresh_is_small;
 }
 
-/// Most read buffers [`RETIRED`] keeps: with buffers of at most
-/// [`ALLOWANCE`], 16 MiB for the whole node, outside the request budget.
+/// Most read buffers [`RETIRED`] keeps: with allocations of at most
+/// [`ALLOWANCE`] (see `poolable` in [`make_small_room`]), 16 MiB for the
+/// whole node, outside the request budget.
 const MAX_RETIRED: usize = 64;
 
 /// The node's retired read buffers.
@@ -137,7 +141,7 @@ pub(crate) fn exact_copy(rbuf: &BytesMut, room: usize) -> BytesMut {
 pub(crate) fn shrink_read_buffer(rbuf: &mut BytesMut, room: usize, poolable: &mut bool) {
     if rbuf.capacity() > ALLOWANCE && rbuf.len() + room <= ALLOWANCE {
         *rbuf = exact_copy(rbuf, room);
-        *poolable = true;
+        *poolable = rbuf.capacity() <= ALLOWANCE;
     }
 }
 
