@@ -31,7 +31,12 @@ fn without_runs(results: Vec<(usize, Result<RunReplies>)>) -> Vec<(usize, Result
 const MAX_IDLE: usize = 64;
 /// A pooled connection idle this long is checked before use (see
 /// [`Conn::closed_while_idle`]): its node may have restarted meanwhile.
-const CHECK_IDLE_AFTER: Duration = Duration::from_millis(10);
+/// The check is one non-blocking `recv`; a connection back-to-back calls
+/// reuse skips it. The window must be shorter than a node can be killed
+/// and started again (spawn, open the device, recover, listen), or the
+/// first call after a quick restart fails on the dead connection: a
+/// 10 ms window was not (CI saw a restart within it).
+const CHECK_IDLE_AFTER: Duration = Duration::from_micros(500);
 /// One node of the cluster as this client sees it.
 pub(crate) struct NodeHandle {
     pub(crate) addr: String,
