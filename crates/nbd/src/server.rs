@@ -646,13 +646,14 @@ impl NbdServer {
 
     /// Reads the next batch: the first request (waiting for it), then those
     /// already received behind it, while the batch holds fewer than
-    /// [`MAX_BATCH_REQUESTS`] requests and about [`MAX_BATCH_BYTES`]. Under
-    /// load a batch so holds many small requests, so many reads become one
-    /// multi-get and many writes one cluster write (the cluster round trips
-    /// per request drop with the depth), while large requests keep the
-    /// threads working in parallel. With the batch, the stream's outcome if
-    /// it ended (DISC, end of stream, shutdown, a broken reply stream, a
-    /// protocol violation).
+    /// [`MAX_BATCH_REQUESTS`] requests and about [`MAX_BATCH_BYTES`], and
+    /// fewer READs than its share ([`read_share`]). Under load a batch so
+    /// holds many small requests, so many reads become one multi-get and
+    /// many writes one cluster write (the cluster round trips per request
+    /// drop with the depth), while large requests keep the threads working
+    /// in parallel. With the batch, the stream's outcome if it ended (DISC,
+    /// end of stream, shutdown, a broken reply stream, a protocol
+    /// violation).
     fn read_batch(
         &self,
         rd: &mut std::io::BufReader<&Socket>,
@@ -660,6 +661,8 @@ impl NbdServer {
     ) -> (Vec<Job>, Option<Result<()>>) {
         let mut batch: Vec<Job> = Vec::new();
         let mut bytes = 0usize;
+        let mut reads = 0usize;
+        let mut share = usize::MAX;
         let end = loop {
             let mut header = [0u8; REQUEST_LEN];
             match rd.read_exact(&mut header) {
@@ -688,11 +691,21 @@ impl NbdServer {
             if out.broken.load(Ordering::Acquire) {
                 break Some(Ok(()));
             }
+            if batch.is_empty() {
+                // This request and those whose headers are already here
+                // (WRITE payloads make it an overestimate).
+                share = read_share(1 + rd.buffer().len() / REQUEST_LEN);
+            }
+            reads += usize::from(req.kind == cmd::READ);
             let job = (req, payload, InFlight::new(&self.in_flight));
             bytes += job_bytes(&job);
             batch.push(job);
             let more_read = rd.buffer().len() >= REQUEST_LEN;
-            if !more_read || batch.len() >= MAX_BATCH_REQUESTS || bytes >= MAX_BATCH_BYTES {
+            if !more_read
+                || batch.len() >= MAX_BATCH_REQUESTS
+                || bytes >= MAX_BATCH_BYTES
+                || reads >= share
+            {
                 break None;
             }
         };
@@ -1045,6 +1058,24 @@ const BORROW_READ: usize = 64 << 10;
 const MAX_IOV: usize = 1024;
 /// Threads per connection (see [`NbdServer::transmission`]).
 const THREADS: usize = 4;
+/// READs a batch takes at least, when that many are waiting (see
+/// [`read_share`]).
+const MIN_READ_SHARE: usize = 4;
+
+/// How many READs a leader takes into its batch when `waiting` requests
+/// have arrived: an equal share for every thread of the connection, and at
+/// least [`MIN_READ_SHARE`]. Reads wait on the device, so a multi-get is as
+/// slow as its slowest read and holds its thread meanwhile: one leader
+/// taking all sixteen reads of a queue-depth-16 client kept about one
+/// multi-get (five reads) on the node at a time while the others' threads
+/// idled, and the device saw half the queue depth qemu-nbd gives it. Split
+/// into shares, the reads reach the node as several multi-gets at once on
+/// the threads' own connections. The floor keeps batches worth a round
+/// trip; writes have no share (one cluster write is one log append, and
+/// batching them is what makes them cheap).
+fn read_share(waiting: usize) -> usize {
+    MIN_READ_SHARE.max(waiting.div_ceil(THREADS))
+}
 /// Bytes the leader takes from the socket per read call, at most (many
 /// small requests arrive in one).
 const READ_BUFFER: usize = 256 << 10;
@@ -1346,6 +1377,79 @@ impl NbdServer {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    fn request(kind: u16, handle: u64, length: u32) -> Vec<u8> {
+        let req = Request {
+            flags: 0,
+            kind,
+            handle,
+            offset: 0,
+            length,
+        };
+        let mut b = req.encode().to_vec();
+        if kind == cmd::WRITE {
+            b.resize(REQUEST_LEN + length as usize, 7);
+        }
+        b
+    }
+
+    /// The kinds of the batches `bytes` are read as, in order.
+    fn batches_of(bytes: &[u8]) -> Vec<Vec<u16>> {
+        let server = NbdServer::new(
+            Arc::new(client::MemStore::new()),
+            None,
+            Holder {
+                name: "test".into(),
+                force: false,
+            },
+        );
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        let mut a = a;
+        std::io::Write::write_all(&mut a, bytes).expect("write requests");
+        drop(a);
+        let sock = Socket::from(std::os::fd::OwnedFd::from(b));
+        let out = Replies {
+            sock: Mutex::new(sock.try_clone().expect("clone")),
+            broken: std::sync::atomic::AtomicBool::new(false),
+        };
+        let mut rd = std::io::BufReader::with_capacity(READ_BUFFER, &sock);
+        let mut batches = Vec::new();
+        loop {
+            let (batch, end) = server.read_batch(&mut rd, &out);
+            if !batch.is_empty() {
+                batches.push(batch.iter().map(|(r, _, _)| r.kind).collect());
+            }
+            if end.is_some() {
+                return batches;
+            }
+        }
+    }
+
+    /// Reads are split among the connection's threads: a share each of
+    /// those waiting, at least four; writes ride along without a share.
+    #[test]
+    fn waiting_reads_are_shared_among_the_threads() {
+        assert_eq!(read_share(1), MIN_READ_SHARE);
+        assert_eq!(read_share(16), MIN_READ_SHARE);
+        assert_eq!(read_share(64), 64 / THREADS);
+        assert_eq!(read_share(65), 64 / THREADS + 1);
+        let reads =
+            |n: u64| -> Vec<u8> { (0..n).flat_map(|h| request(cmd::READ, h, 4096)).collect() };
+        // Sixteen waiting: four batches of four.
+        assert_eq!(batches_of(&reads(16)), vec![vec![cmd::READ; 4]; 4]);
+        // Sixty-four waiting: shares of sixteen.
+        let got = batches_of(&reads(64));
+        assert_eq!(got[0].len(), 16, "{got:?}");
+        assert_eq!(got.iter().map(Vec::len).sum::<usize>(), 64);
+        // Writes are not counted against the share.
+        let mut mixed: Vec<u8> = (0..6).flat_map(|h| request(cmd::WRITE, h, 4)).collect();
+        mixed.extend(reads(6));
+        let got = batches_of(&mixed);
+        let mut want = vec![cmd::WRITE; 6];
+        want.extend([cmd::READ; 4]);
+        assert_eq!(got[0], want);
+        assert_eq!(got[1], vec![cmd::READ; 2]);
+    }
 
     /// A batch of replies with more pieces than one vectored write takes
     /// (IOV_MAX) arrives whole and in order.
