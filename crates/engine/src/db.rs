@@ -24,21 +24,14 @@ use crate::signal::MaintSignal;
 use crate::stats::{Counters, Stats};
 use crate::types::{Entry, Kind, SeqNo, ValueBytes, ValuePtr};
 use crate::version::{Finger, ReadCtx, Version};
-use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog};
+use crate::vlog::{LogPosition, LogRecord, Reserve, ValueLog, MAX_BACKLOG as MAX_LOG_BACKLOG};
 
-/// Sealed log chunks allowed to wait for the write-behind thread before
-/// writers start writing them themselves (32 MiB with the default 1 MiB
-/// chunks). The log thread has one chunk write in flight; with eight, a
-/// writer filling the log at small-value speed waited on that write about
-/// a twentieth of its time (`bench/RESULTS.md`, session 29).
 /// A walk for a caller that must not wait ([`DbInner::visible_entries`]
 /// with `cached_only`) passes at most this many index entries per key
 /// asked for, plus [`CACHED_WALK_SLACK`].
 const CACHED_WALK_PER_KEY: usize = 4;
 /// See [`CACHED_WALK_PER_KEY`].
 const CACHED_WALK_SLACK: usize = 256;
-
-const MAX_LOG_BACKLOG: usize = 32;
 
 /// Flush debt (see `flush_debt`) from which writers are slowed down.
 const SLOW_DOWN_DEBT: f64 = 1.0;
@@ -1204,6 +1197,36 @@ impl DbInner {
 mod tests {
     use super::*;
     use crate::test_support::small_db;
+
+    /// Chunk buffers of a drained backlog are all kept for the next burst
+    /// (memory given back is faulted in again), and no more than the
+    /// backlog holds.
+    #[test]
+    fn a_drained_log_backlog_keeps_its_buffers() {
+        let mut o = Options::small_for_tests();
+        o.memtable_bytes = 1 << 20;
+        o.memtable_log_bytes = 8 << 20;
+        let db = Db::open(crate::test_support::nand_device(), o).expect("open");
+        let value = vec![7u8; 8 << 10];
+        let sealed = {
+            let _held = db.inner.vlog.hold_writes();
+            let mut i = 0u32;
+            while db.inner.vlog.backlog() < MAX_LOG_BACKLOG - 4 {
+                db.put(&i.to_be_bytes(), &value).expect("put");
+                i += 1;
+            }
+            db.inner.vlog.backlog()
+        };
+        assert!(sealed > 8, "a burst deeper than the old pool: {sealed}");
+        db.inner.vlog.write_pending(true).expect("drain");
+        assert_eq!(db.inner.vlog.backlog(), 0);
+        assert!(
+            db.inner.vlog.free_buffers() >= sealed - 1,
+            "{} buffers kept of {sealed}",
+            db.inner.vlog.free_buffers()
+        );
+        assert!(db.inner.vlog.free_buffers() <= MAX_LOG_BACKLOG + 1);
+    }
 
     /// Stats (INFO, /metrics) must not wait for background maintenance,
     /// which holds its lock through whole flush, GC and compaction rounds.

@@ -171,8 +171,22 @@ pub struct ValueLog {
     flusher_cv: Condvar,
 }
 
-/// Chunk buffers kept for reuse at most.
-const FREE_BUFS: usize = 8;
+/// Sealed log chunks allowed to wait for the write-behind thread before
+/// writers start writing them themselves (the engine's `write_behind`; 32
+/// MiB with the default 1 MiB chunks). The log thread has one chunk write
+/// in flight; with eight, a writer filling the log at small-value speed
+/// waited on that write about a twentieth of its time (`bench/RESULTS.md`,
+/// session 29).
+pub(crate) const MAX_BACKLOG: usize = 32;
+
+/// Chunk buffers kept for reuse at most: one per chunk the backlog can
+/// hold, so a burst that fills it and drains again leaves buffers for the
+/// next one instead of freeing them. Memory given back is faulted in (and
+/// cleared) again on the next burst: with 8 kept, a node overwriting a
+/// block volume took a fault for one chunk in twenty-five, a third of its
+/// page faults (session 36 in `bench/RESULTS.md`). Keeping them does not
+/// raise the peak: the backlog held them all at once anyway.
+const FREE_BUFS: usize = MAX_BACKLOG + 1;
 
 /// Room an aligned value's `PAD` record may take before its record.
 const MAX_ALIGN_PAD: usize = 2 * VALUE_ALIGN + HEADER_LEN;
@@ -729,6 +743,12 @@ impl ValueLog {
     /// Number of sealed chunks waiting to be written.
     pub fn backlog(&self) -> usize {
         self.inner.lock().pending.len()
+    }
+
+    /// Chunk buffers kept for reuse now.
+    #[cfg(test)]
+    pub(crate) fn free_buffers(&self) -> usize {
+        self.free_bufs.lock().len()
     }
 
     /// Makes everything appended up to `lsn` durable; concurrent callers
