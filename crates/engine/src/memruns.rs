@@ -40,7 +40,9 @@ const TAIL: usize = 64;
 /// of more runs for a scan to merge in a full memtable.
 const MAX_RUN: usize = 16 * 1024;
 
-/// Merged-away runs whose memory is kept for later merges.
+/// Merged-away runs whose memory is kept for later merges, of those up to
+/// half of [`MAX_RUN`] long (longer ones are all kept: see
+/// [`trim_spares`]).
 const SPARES: usize = 8;
 
 /// Bytes of a key kept inline in its [`Item`]. Keys often share a long
@@ -197,6 +199,38 @@ fn seek(run: &RunData, head: &KeyHead, key: &[u8], seq: SeqNo) -> usize {
     lo + run.items[lo..hi].partition_point(|it| order(it.at(), (head, key, seq)) == Ordering::Less)
 }
 
+/// Keeps, of emptied run vectors, every one with room for more than half
+/// a full run (`max_run` versions: a run that long is no longer merged but
+/// with a shorter one, so a memtable keeps most of them to the end) and
+/// the [`SPARES`] largest of the others. A full memtable is mostly such
+/// runs, each made by a merge into a vector of its own; kept only eight,
+/// the next memtable took the rest fresh from the allocator, and a node
+/// overwriting a block volume faulted in (and cleared) a sixth of its new
+/// memory for them (session 36 in `bench/RESULTS.md`). The long ones are
+/// bounded by what one memtable held, since only a dropped memtable gives
+/// them back.
+fn trim_spares(spares: &mut Vec<Vec<Item>>, max_run: usize) {
+    let mut small: Vec<usize> = (0..spares.len())
+        .filter(|&i| !is_long(&spares[i], max_run))
+        .collect();
+    if small.len() <= SPARES {
+        return;
+    }
+    // Drop the smallest of the short ones, highest index first so that
+    // the indices left stay valid.
+    small.sort_unstable_by_key(|&i| spares[i].capacity());
+    let mut drop: Vec<usize> = small[..small.len() - SPARES].to_vec();
+    drop.sort_unstable_by(|a, b| b.cmp(a));
+    for i in drop {
+        spares.swap_remove(i);
+    }
+}
+
+/// Whether `v` has room for more than half a full run (see [`trim_spares`]).
+fn is_long(v: &Vec<Item>, max_run: usize) -> bool {
+    v.capacity() > max_run / 2
+}
+
 /// Emptied run vectors a dropped memtable leaves for the next one's merges
 /// (see [`SortedRuns::into_spares`]).
 #[derive(Default)]
@@ -252,10 +286,11 @@ impl SortedRuns {
         runs
     }
 
-    /// Drops every version, keeping the largest [`SPARES`] of the runs'
-    /// vectors (and of the spares) for another memtable's merges. A run a
-    /// reader still holds is left to that reader.
+    /// Drops every version, keeping the runs' vectors (and the spares) for
+    /// another memtable's merges, as [`trim_spares`] allows. A run a reader
+    /// still holds is left to that reader.
     pub(crate) fn into_spares(self) -> SpareRuns {
+        let max_run = self.max_run;
         let mut spares = self.spares.into_inner();
         for run in self.state.into_inner().runs {
             if let Ok(RunData { items: mut v, .. }) = Arc::try_unwrap(run) {
@@ -263,8 +298,7 @@ impl SortedRuns {
                 spares.push(v);
             }
         }
-        spares.sort_unstable_by_key(|v| std::cmp::Reverse(v.capacity()));
-        spares.truncate(SPARES);
+        trim_spares(&mut spares, max_run);
         SpareRuns(spares)
     }
 
@@ -347,17 +381,7 @@ impl SortedRuns {
         v.clear();
         let mut spares = self.spares.lock();
         spares.push(v);
-        if spares.len() > SPARES {
-            // Drop the smallest.
-            if let Some(i) = spares
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, v)| v.capacity())
-                .map(|(i, _)| i)
-            {
-                spares.swap_remove(i);
-            }
-        }
+        trim_spares(&mut spares, self.max_run);
     }
 
     /// Vectors kept for merges.
@@ -579,6 +603,46 @@ mod tests {
                 assert_eq!(got, want, "{k:?} at {seq}");
             }
         }
+    }
+
+    /// A dropped memtable's full runs are all kept for the next one (each
+    /// would otherwise be fresh memory again), and of the shorter vectors
+    /// only the largest few.
+    #[test]
+    fn every_full_run_is_kept_for_the_next_memtable() {
+        let (tail, max_run) = (4, 64);
+        let runs = SortedRuns::with_limits(tail, max_run);
+        let n = 20 * max_run + 3 * tail;
+        for i in 0..n as u32 {
+            runs.insert(put_at(&i.to_be_bytes(), u64::from(i) + 1, i));
+        }
+        let full = runs
+            .state
+            .lock()
+            .runs
+            .iter()
+            .filter(|r| r.len() > max_run / 2)
+            .count();
+        assert!(full > 2 * SPARES, "{full} long runs");
+        let spares = runs.into_spares().0;
+        let kept_full = spares.iter().filter(|v| is_long(v, max_run)).count();
+        assert!(kept_full >= full, "{kept_full} of {full} long runs kept");
+        let short = spares.iter().filter(|v| !is_long(v, max_run)).count();
+        assert!(short <= SPARES, "{short} short vectors kept");
+        assert!(spares.iter().all(Vec::is_empty));
+        // The next memtable's merges draw on them.
+        let next = SortedRuns::with_limits(tail, max_run);
+        *next.spares.lock() = spares;
+        for i in 0..n as u32 {
+            next.insert(put_at(&i.to_be_bytes(), 1, i));
+        }
+        let left = next
+            .spares
+            .lock()
+            .iter()
+            .filter(|v| is_long(v, max_run))
+            .count();
+        assert!(left < kept_full, "the full vectors were used again");
     }
 
     proptest::proptest! {
