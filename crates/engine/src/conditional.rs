@@ -116,7 +116,7 @@ impl Db {
             let accept = keep(i, slot)?;
             if accept {
                 slot.set_written(op);
-                kept.push(op.clone());
+                kept.push(op);
             }
             written.push(accept);
         }
@@ -127,7 +127,7 @@ impl Db {
         } else {
             // `Wait::Allowed` appends or fails; `None` would be a bug.
             self.inner
-                .append_ops(&batch_records(&kept), Wait::Allowed)?
+                .append_ops(&batch_records(kept), Wait::Allowed)?
                 .ok_or_else(|| Error::Stopped("a conditional batch was not appended".into()))?
         };
         drop(guards);

@@ -422,8 +422,10 @@ impl Drop for Db {
 }
 
 /// A batch's operations as `(kind, key, value)` log records.
-pub(crate) fn batch_records(ops: &[BatchOp]) -> Vec<(u8, &[u8], ValueBytes<'_>)> {
-    ops.iter()
+pub(crate) fn batch_records<'o>(
+    ops: impl IntoIterator<Item = &'o BatchOp>,
+) -> Vec<(u8, &'o [u8], ValueBytes<'o>)> {
+    ops.into_iter()
         .map(|op| match op {
             BatchOp::Put(k, v) => (KIND_PUT, &k[..], ValueBytes::whole(v)),
             BatchOp::PutParts { key, head, body } => {

@@ -200,18 +200,20 @@ fn listing(found: Vec<Entry>) -> Vec<(Bytes, ValueMeta)> {
 pub struct Current<'a> {
     db: &'a Db,
     key: &'a [u8],
-    state: State,
+    state: State<'a>,
 }
 
-enum State {
+enum State<'a> {
     Absent,
     /// In the store; the value is read only if asked for.
     Stored(ValueMeta),
-    /// Read, or written by an earlier operation of the same batch.
+    /// Read from the store.
     Value(Bytes),
-    /// Written in two parts by an earlier operation of the same batch:
-    /// joined only if the value is asked for.
-    Parts(Bytes, Bytes),
+    /// Written by an earlier operation of the same batch (a put), borrowed:
+    /// a batch's operations are slices of one request buffer, and a clone
+    /// of each per operation was a contended reference count; the value is
+    /// copied (and two parts joined) only if asked for.
+    Written(&'a BatchOp),
 }
 
 impl<'a> Current<'a> {
@@ -225,10 +227,9 @@ impl<'a> Current<'a> {
     }
 
     /// What the key holds once `op` (on this key) is applied.
-    pub(crate) fn set_written(&mut self, op: &BatchOp) {
+    pub(crate) fn set_written(&mut self, op: &'a BatchOp) {
         self.state = match op {
-            BatchOp::Put(_, v) => State::Value(v.clone()),
-            BatchOp::PutParts { head, body, .. } => State::Parts(head.clone(), body.clone()),
+            BatchOp::Put(..) | BatchOp::PutParts { .. } => State::Written(op),
             BatchOp::Delete(_) => State::Absent,
         };
     }
@@ -244,8 +245,11 @@ impl<'a> Current<'a> {
         match &self.state {
             State::Absent => Tagging::Unknown,
             State::Stored(m) => m.tag,
-            State::Value(v) => Tagging::of(v),
-            State::Parts(head, body) => Tagging::of_parts(ValueBytes { head, body }),
+            State::Value(v) | State::Written(BatchOp::Put(_, v)) => Tagging::of(v),
+            State::Written(BatchOp::PutParts { head, body, .. }) => {
+                Tagging::of_parts(ValueBytes { head, body })
+            }
+            State::Written(BatchOp::Delete(_)) => Tagging::Unknown,
         }
     }
 
@@ -255,8 +259,9 @@ impl<'a> Current<'a> {
         match &self.state {
             State::Absent => None,
             State::Stored(m) => Some(m.value_len as usize),
-            State::Value(v) => Some(v.len()),
-            State::Parts(head, body) => Some(head.len() + body.len()),
+            State::Value(v) | State::Written(BatchOp::Put(_, v)) => Some(v.len()),
+            State::Written(BatchOp::PutParts { head, body, .. }) => Some(head.len() + body.len()),
+            State::Written(BatchOp::Delete(_)) => None,
         }
     }
 
@@ -267,11 +272,13 @@ impl<'a> Current<'a> {
                 let v = self.db.get(self.key)?;
                 self.set(v);
             }
-            State::Parts(head, body) => {
+            State::Written(BatchOp::Put(_, v)) => self.set(Some(v.clone())),
+            State::Written(BatchOp::PutParts { head, body, .. }) => {
                 let v = Bytes::from([&head[..], &body[..]].concat());
                 self.set(Some(v));
             }
-            _ => {}
+            State::Written(BatchOp::Delete(_)) => self.set(None),
+            State::Absent | State::Value(_) => {}
         }
         Ok(match &self.state {
             State::Value(v) => Some(v.clone()),
