@@ -210,20 +210,10 @@ fn seek(run: &RunData, head: &KeyHead, key: &[u8], seq: SeqNo) -> usize {
 /// bounded by what one memtable held, since only a dropped memtable gives
 /// them back.
 fn trim_spares(spares: &mut Vec<Vec<Item>>, max_run: usize) {
-    let mut small: Vec<usize> = (0..spares.len())
-        .filter(|&i| !is_long(&spares[i], max_run))
-        .collect();
-    if small.len() <= SPARES {
-        return;
-    }
-    // Drop the smallest of the short ones, highest index first so that
-    // the indices left stay valid.
-    small.sort_unstable_by_key(|&i| spares[i].capacity());
-    let mut drop: Vec<usize> = small[..small.len() - SPARES].to_vec();
-    drop.sort_unstable_by(|a, b| b.cmp(a));
-    for i in drop {
-        spares.swap_remove(i);
-    }
+    // Largest first: the long ones, then the short ones to keep.
+    spares.sort_unstable_by_key(|v| std::cmp::Reverse(v.capacity()));
+    let long = spares.iter().take_while(|v| is_long(v, max_run)).count();
+    spares.truncate(long + SPARES);
 }
 
 /// Whether `v` has room for more than half a full run (see [`trim_spares`]).
