@@ -213,7 +213,7 @@ enum State<'a> {
     /// a batch's operations are slices of one request buffer, and a clone
     /// of each per operation was a contended reference count; the value is
     /// copied (and two parts joined) only if asked for.
-    Written(&'a BatchOp),
+    Written(ValueBytes<'a>),
 }
 
 impl<'a> Current<'a> {
@@ -229,7 +229,8 @@ impl<'a> Current<'a> {
     /// What the key holds once `op` (on this key) is applied.
     pub(crate) fn set_written(&mut self, op: &'a BatchOp) {
         self.state = match op {
-            BatchOp::Put(..) | BatchOp::PutParts { .. } => State::Written(op),
+            BatchOp::Put(_, v) => State::Written(ValueBytes::whole(v)),
+            BatchOp::PutParts { head, body, .. } => State::Written(ValueBytes { head, body }),
             BatchOp::Delete(_) => State::Absent,
         };
     }
@@ -245,11 +246,8 @@ impl<'a> Current<'a> {
         match &self.state {
             State::Absent => Tagging::Unknown,
             State::Stored(m) => m.tag,
-            State::Value(v) | State::Written(BatchOp::Put(_, v)) => Tagging::of(v),
-            State::Written(BatchOp::PutParts { head, body, .. }) => {
-                Tagging::of_parts(ValueBytes { head, body })
-            }
-            State::Written(BatchOp::Delete(_)) => Tagging::Unknown,
+            State::Value(v) => Tagging::of(v),
+            State::Written(v) => Tagging::of_parts(*v),
         }
     }
 
@@ -259,9 +257,8 @@ impl<'a> Current<'a> {
         match &self.state {
             State::Absent => None,
             State::Stored(m) => Some(m.value_len as usize),
-            State::Value(v) | State::Written(BatchOp::Put(_, v)) => Some(v.len()),
-            State::Written(BatchOp::PutParts { head, body, .. }) => Some(head.len() + body.len()),
-            State::Written(BatchOp::Delete(_)) => None,
+            State::Value(v) => Some(v.len()),
+            State::Written(v) => Some(v.len()),
         }
     }
 
@@ -272,12 +269,10 @@ impl<'a> Current<'a> {
                 let v = self.db.get(self.key)?;
                 self.set(v);
             }
-            State::Written(BatchOp::Put(_, v)) => self.set(Some(v.clone())),
-            State::Written(BatchOp::PutParts { head, body, .. }) => {
-                let v = Bytes::from([&head[..], &body[..]].concat());
+            State::Written(v) => {
+                let v = Bytes::from([v.head, v.body].concat());
                 self.set(Some(v));
             }
-            State::Written(BatchOp::Delete(_)) => self.set(None),
             State::Absent | State::Value(_) => {}
         }
         Ok(match &self.state {
