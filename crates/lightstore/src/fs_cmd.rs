@@ -307,8 +307,11 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
         })
     };
     let mountpoint = args.mountpoint.clone();
+    let asked_to_stop = Arc::new(AtomicBool::new(false));
+    let asked = asked_to_stop.clone();
     std::thread::spawn(move || {
         wait_for_stop(&signals);
+        asked.store(true, Ordering::SeqCst);
         eprintln!("lightstore mount: unmounting {}", mountpoint.display());
         if let Err(e) = unmounter.unmount() {
             // Busy (open files, a shell inside): a second signal detaches
@@ -350,9 +353,24 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     let released = lease.release();
     synced?;
     released?;
-    served.map_err(|e| format!("serving FUSE: {e}"))?;
+    match served {
+        Ok(()) => {}
+        // The kernel ended the connection on the unmount we asked for; on
+        // some kernels the session's last read says "aborted" rather than
+        // "no device". Everything was written back above either way.
+        Err(e) if asked_to_stop.load(Ordering::SeqCst) && ends_session(&e) => {
+            tracing::debug!(error = %e, "FUSE session ended by the unmount");
+        }
+        Err(e) => return Err(format!("serving FUSE: {e}").into()),
+    }
     eprintln!("lightstore mount: unmounted; every write is durable");
     Ok(())
+}
+
+/// Whether `e`, ending a FUSE session, is the kernel closing the
+/// connection (unmounted: `ENODEV`, or `ECONNABORTED` once aborted).
+fn ends_session(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ECONNABORTED))
 }
 
 /// Takes the file system's mount lease. A lease held from this machine
