@@ -131,6 +131,12 @@ impl DbInner {
             if round.is_ok() && quiet.merge_due(self, self.opts.idle_merge_after) {
                 round = self.merge_leftover_runs();
             }
+            // Scans found the memtable in many sorted runs: merge them
+            // here, where no writer waits (see `memruns`).
+            let mem = self.sv.read().mem.clone();
+            if mem.wants_tidying() {
+                mem.tidy_runs();
+            }
             if let Err(e) = round {
                 if !e.is_no_space() {
                     tracing::error!(error = %e, "background maintenance failed");

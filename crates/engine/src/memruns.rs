@@ -12,6 +12,13 @@
 //! of a random fill of small values), and a flush reads runs back to back
 //! instead of chasing a pointer per version.
 //!
+//! Runs stop growing at [`MAX_RUN`] on the writer's path, so a full
+//! memtable of small values holds dozens, and a scan seeks and merges
+//! every one. When a scan finds more than [`MANY_RUNS`], background
+//! maintenance merges adjacent long runs of similar length
+//! ([`SortedRuns::tidy`]) off the writer's path, which leaves about
+//! log2(versions / [`MAX_RUN`]) of them.
+//!
 //! Contract:
 //! - Inserts come from one writer at a time (the value log's lock orders
 //!   them); a second concurrent writer waits, so correctness never rests on
@@ -24,7 +31,7 @@
 //!   adjacent runs keeps "later insert" decidable by run position.
 
 use std::cmp::Ordering;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -39,6 +46,10 @@ const TAIL: usize = 64;
 /// under the value log's lock (a few hundred microseconds), at the price
 /// of more runs for a scan to merge in a full memtable.
 const MAX_RUN: usize = 16 * 1024;
+
+/// Runs a snapshot may hold before it asks for the runs to be tidied
+/// (see [`SortedRuns::tidy`]).
+const MANY_RUNS: usize = 8;
 
 /// Merged-away runs whose memory is kept for later merges, of those up to
 /// half of [`MAX_RUN`] long (longer ones are all kept: see
@@ -243,6 +254,9 @@ pub(crate) struct SortedRuns {
     /// Memory of merged-away runs, for the writer's next merges.
     spares: Mutex<Vec<Vec<Item>>>,
     inserted: AtomicUsize,
+    /// Set when a snapshot held more than [`MANY_RUNS`] runs; cleared by
+    /// [`SortedRuns::tidy`].
+    tidy_wanted: AtomicBool,
     tail_len: usize,
     max_run: usize,
 }
@@ -263,6 +277,7 @@ impl SortedRuns {
             state: Mutex::new(State::default()),
             spares: Mutex::new(Vec::new()),
             inserted: AtomicUsize::new(0),
+            tidy_wanted: AtomicBool::new(false),
             tail_len: tail,
             max_run,
         }
@@ -413,6 +428,9 @@ impl SortedRuns {
     /// Every version inserted so far, as of now.
     pub(crate) fn snapshot(&self) -> Snapshot {
         let st = self.state.lock();
+        if st.runs.len() > MANY_RUNS {
+            self.tidy_wanted.store(true, AtomicOrdering::Relaxed);
+        }
         let mut runs = st.runs.clone();
         if !st.tail.is_empty() {
             let tail = st.tail.clone();
@@ -420,6 +438,60 @@ impl SortedRuns {
             runs.push(Arc::new(RunData::new(sorted(tail))));
         }
         Snapshot { runs }
+    }
+}
+
+impl SortedRuns {
+    /// Whether a snapshot found more than [`MANY_RUNS`] runs since the
+    /// last [`SortedRuns::tidy`].
+    pub(crate) fn wants_tidying(&self) -> bool {
+        self.tidy_wanted.load(AtomicOrdering::Relaxed)
+    }
+
+    /// Merges adjacent runs of similar length (neither over twice the
+    /// other), shortest pair first, until no such pair is left; returns
+    /// how many merges it made. For maintenance, off the writer's path:
+    /// each merge runs without a lock, and its result replaces the pair
+    /// only if the pair is still there, briefly holding the writer's lock
+    /// (so the writer never finds its newest runs changed under it).
+    /// Readers keep the runs their snapshots hold. The newest two runs
+    /// are the writer's to merge and are left alone.
+    pub(crate) fn tidy(&self) -> usize {
+        self.tidy_wanted.store(false, AtomicOrdering::Relaxed);
+        let mut merges = 0;
+        while let Some((older, newer)) = self.pair_to_tidy() {
+            let out = self.spare_for(older.len() + newer.len());
+            let merged = Arc::new(RunData::new(merge_two(&older, &newer, out)));
+            {
+                let _writer = self.writer.lock();
+                let mut st = self.state.lock();
+                let at = st.runs.iter().position(|r| Arc::ptr_eq(r, &older));
+                match at {
+                    Some(i) if st.runs.get(i + 1).is_some_and(|r| Arc::ptr_eq(r, &newer)) => {
+                        st.runs.splice(i..i + 2, [merged]);
+                    }
+                    // The writer merged one of them meanwhile.
+                    _ => continue,
+                }
+            }
+            self.recycle(older);
+            self.recycle(newer);
+            merges += 1;
+        }
+        merges
+    }
+
+    /// The adjacent runs, below the newest two, of similar length with
+    /// the fewest versions together.
+    fn pair_to_tidy(&self) -> Option<(Run, Run)> {
+        let st = self.state.lock();
+        let n = st.runs.len();
+        let settled = &st.runs[..n.saturating_sub(2)];
+        settled
+            .windows(2)
+            .filter(|w| w[0].len() <= 2 * w[1].len() && w[1].len() <= 2 * w[0].len())
+            .min_by_key(|w| w[0].len() + w[1].len())
+            .map(|w| (w[0].clone(), w[1].clone()))
     }
 }
 
@@ -635,6 +707,86 @@ mod tests {
         assert!(left < kept_full, "the full vectors were used again");
     }
 
+    /// A memtable of many full runs that a scan found asks to be tidied;
+    /// tidying leaves about log2(runs) of them, each version once and in
+    /// order, and asks no more.
+    #[test]
+    fn tidying_leaves_logarithmically_many_runs() {
+        let (tail, max_run) = (4, 64);
+        let runs = SortedRuns::with_limits(tail, max_run);
+        let mut model = Model::new();
+        // Keys in a random-looking order, a few inserted twice: every run
+        // spans the key space, as a random fill's do.
+        let n: u32 = 40 * max_run as u32;
+        for i in 0..n {
+            let k = (i.wrapping_mul(2_654_435_761) % 997).to_be_bytes();
+            runs.insert(put_at(&k, u64::from(i % 7), i));
+            model.insert((k.to_vec(), std::cmp::Reverse(u64::from(i % 7))), i);
+        }
+        let before = runs.state.lock().runs.len();
+        assert!(before > MANY_RUNS, "{before} runs");
+        assert!(!runs.wants_tidying(), "only a snapshot asks");
+        let held = runs.snapshot();
+        assert!(runs.wants_tidying());
+        let merges = runs.tidy();
+        assert!(merges > 0);
+        assert!(!runs.wants_tidying());
+        let after = runs.state.lock().runs.len();
+        let log = (before as f64).log2().ceil() as usize;
+        assert!(after <= log + 3, "{before} runs tidied to {after}");
+        let keys: Vec<Vec<u8>> = model.keys().map(|(k, _)| k.clone()).collect();
+        check(&runs, &model, &keys);
+        // A snapshot taken before still reads what it held.
+        assert_eq!(held.iter_from(&[]).count(), model.len());
+    }
+
+    /// The writer inserting while maintenance tidies and readers scan:
+    /// nothing is lost, doubled or reordered, and the writer never finds
+    /// its newest runs changed under it (it would panic).
+    #[test]
+    fn tidying_while_the_writer_inserts_loses_nothing() {
+        const N: u64 = 20_000;
+        let runs = Arc::new(SortedRuns::with_limits(8, 256));
+        let done = Arc::new(AtomicUsize::new(0));
+        let tidier = {
+            let (runs, done) = (runs.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut merges = 0;
+                while done.load(AtomicOrdering::Acquire) < N as usize {
+                    merges += runs.tidy();
+                }
+                merges
+            })
+        };
+        let reader = {
+            let (runs, done) = (runs.clone(), done.clone());
+            std::thread::spawn(move || loop {
+                let before = done.load(AtomicOrdering::Acquire) as u64;
+                let seen: Vec<SeqNo> = runs.snapshot().iter_from(&[]).map(|e| e.seq).collect();
+                assert!(seen.len() as u64 >= before);
+                // Key order is reverse insert order: seqs count down to 0.
+                let last = seen.len() as u64;
+                assert!(seen
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &s)| s + 1 + i as u64 == last));
+                if before == N {
+                    return;
+                }
+            })
+        };
+        // Keys in reverse of insert order (each run spans what came
+        // before it in key space), seqs in insert order.
+        for seq in 0..N {
+            runs.insert(put_at(&(N - seq).to_be_bytes(), seq, 0));
+            done.store(seq as usize + 1, AtomicOrdering::Release);
+        }
+        assert!(tidier.join().expect("tidier") > 0, "the tidier merged runs");
+        reader.join().expect("reader");
+        let all: Vec<SeqNo> = runs.snapshot().iter_from(&[]).map(|e| e.seq).collect();
+        assert_eq!(all, (0..N).rev().collect::<Vec<_>>());
+    }
+
     proptest::proptest! {
         /// Scans and searches agree with an ordered map after
         /// any inserts (repeated `(key, seq)` pairs included), with limits
@@ -647,6 +799,7 @@ mod tests {
                 1..300),
             tail in 1usize..6,
             max_run in 6usize..40,
+            tidy_every in 0usize..60,
         ) {
             let runs = SortedRuns::with_limits(tail, max_run);
             let mut model = Model::new();
@@ -655,6 +808,9 @@ mod tests {
                 runs.insert(put_at(key, *seq, *offset));
                 model.insert((key.clone(), std::cmp::Reverse(*seq)), *offset);
                 keys.push(key.clone());
+                if tidy_every > 0 && i % tidy_every == 0 {
+                    runs.tidy();
+                }
                 if i % 50 == 0 {
                     check(&runs, &model, &keys);
                 }

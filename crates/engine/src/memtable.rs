@@ -147,6 +147,18 @@ impl Memtable {
         self.runs.snapshot().iter_from(from)
     }
 
+    /// Whether scans found its versions in many sorted runs (see
+    /// [`crate::memruns`]).
+    pub(crate) fn wants_tidying(&self) -> bool {
+        self.runs.wants_tidying()
+    }
+
+    /// Merges its sorted runs of similar length, off the writers' path;
+    /// returns how many merges it made.
+    pub(crate) fn tidy_runs(&self) -> usize {
+        self.runs.tidy()
+    }
+
     /// Charged DRAM (keys plus per-entry overhead).
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
