@@ -219,8 +219,11 @@ fn seek(run: &RunData, head: &KeyHead, key: &[u8], seq: SeqNo) -> usize {
 /// overwriting a block volume faulted in (and cleared) a sixth of its new
 /// memory for them (session 36 in `bench/RESULTS.md`). The long ones are
 /// bounded by what one memtable held, since only a dropped memtable gives
-/// them back.
+/// them back. Vectors of runs longer than the writer makes (merged by
+/// [`SortedRuns::tidy`]) are dropped: no writer's merge would use them, and
+/// kept, each level of a tidying would stay allocated.
 fn trim_spares(spares: &mut Vec<Vec<Item>>, max_run: usize) {
+    spares.retain(|v| v.capacity() <= 2 * max_run);
     // Largest first: the long ones, then the short ones to keep.
     spares.sort_unstable_by_key(|v| std::cmp::Reverse(v.capacity()));
     let long = spares.iter().take_while(|v| is_long(v, max_run)).count();
@@ -474,8 +477,13 @@ impl SortedRuns {
                     _ => continue,
                 }
             }
-            self.recycle(older);
-            self.recycle(newer);
+            // A run the writer made keeps its vector for later merges; one
+            // an earlier tidying made is freed (see `trim_spares`).
+            for run in [older, newer] {
+                if run.len() <= self.max_run {
+                    self.recycle(run);
+                }
+            }
             merges += 1;
         }
         merges
@@ -738,6 +746,15 @@ mod tests {
         check(&runs, &model, &keys);
         // A snapshot taken before still reads what it held.
         assert_eq!(held.iter_from(&[]).count(), model.len());
+        // Only vectors a writer's merge can use are kept for later: room
+        // for about one memtable's versions, not one per level of tidying.
+        let spares = runs.into_spares().0;
+        assert!(spares.iter().all(|v| v.capacity() <= 2 * max_run));
+        let room: usize = spares.iter().map(Vec::capacity).sum();
+        assert!(
+            room <= 3 * n as usize,
+            "{room} items of room kept for {n} versions"
+        );
     }
 
     /// The writer inserting while maintenance tidies and readers scan:
