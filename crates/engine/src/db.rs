@@ -1161,6 +1161,7 @@ impl DbInner {
                 .map(|i| sv.version.level_bytes(i, self.page))
                 .collect(),
             memtable_entries: (sv.mem.len() + sv.imm.as_ref().map_or(0, |m| m.len())) as u64,
+            memtable_runs: sv.mem.runs() as u64,
             flushes: Counters::get(&self.counters.flushes),
             flushes_during_merges: Counters::get(&self.counters.flushes_during_merges),
             compactions: Counters::get(&self.counters.compactions),

@@ -445,6 +445,11 @@ impl SortedRuns {
 }
 
 impl SortedRuns {
+    /// Sorted runs (the unsorted tail not counted).
+    pub(crate) fn runs(&self) -> usize {
+        self.state.lock().runs.len()
+    }
+
     /// Whether a snapshot found more than [`MANY_RUNS`] runs since the
     /// last [`SortedRuns::tidy`].
     pub(crate) fn wants_tidying(&self) -> bool {

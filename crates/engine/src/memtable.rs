@@ -147,6 +147,11 @@ impl Memtable {
         self.runs.snapshot().iter_from(from)
     }
 
+    /// Sorted runs its versions are in (the unsorted tail not counted).
+    pub(crate) fn runs(&self) -> usize {
+        self.runs.runs()
+    }
+
     /// Whether scans found its versions in many sorted runs (see
     /// [`crate::memruns`]).
     pub(crate) fn wants_tidying(&self) -> bool {

@@ -65,6 +65,9 @@ pub struct Stats {
     pub bytes_per_level: Vec<u64>,
     /// Entries in the memtables.
     pub memtable_entries: u64,
+    /// Sorted runs of the active memtable: what a scan seeks and merges
+    /// (background maintenance merges them when scans find many).
+    pub memtable_runs: u64,
     /// Memtable flushes.
     pub flushes: u64,
     /// Of those, flushes made between two keytables of a merge of the

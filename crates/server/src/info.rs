@@ -174,6 +174,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("dram_memtable_bytes", &s.dram_memtable_bytes);
             line("dram_budget_bytes", &s.dram_budget_bytes);
             line("memtable_entries", &s.memtable_entries);
+            line("memtable_runs", &s.memtable_runs);
             line("flushes", &s.flushes);
             line("flushes_during_merges", &s.flushes_during_merges);
             line("compactions", &s.compactions);
