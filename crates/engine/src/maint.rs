@@ -132,10 +132,11 @@ impl DbInner {
                 round = self.merge_leftover_runs();
             }
             // Scans found the memtable in many sorted runs: merge them
-            // here, where no writer waits (see `memruns`).
+            // here, where no writer waits (see `memruns`), until it is
+            // frozen for a flush.
             let mem = self.sv.read().mem.clone();
             if mem.wants_tidying() {
-                mem.tidy_runs();
+                mem.tidy_runs(|| Arc::ptr_eq(&self.sv.read().mem, &mem));
             }
             if let Err(e) = round {
                 if !e.is_no_space() {

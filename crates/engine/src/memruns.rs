@@ -463,11 +463,16 @@ impl SortedRuns {
     /// only if the pair is still there, briefly holding the writer's lock
     /// (so the writer never finds its newest runs changed under it).
     /// Readers keep the runs their snapshots hold. The newest two runs
-    /// are the writer's to merge and are left alone.
-    pub(crate) fn tidy(&self) -> usize {
+    /// are the writer's to merge and are left alone. Stops early, between
+    /// merges, once `worth_it` says no (the memtable was frozen for a
+    /// flush, which makes the work moot).
+    pub(crate) fn tidy(&self, worth_it: impl Fn() -> bool) -> usize {
         self.tidy_wanted.store(false, AtomicOrdering::Relaxed);
         let mut merges = 0;
         while let Some((older, newer)) = self.pair_to_tidy() {
+            if !worth_it() {
+                break;
+            }
             let out = self.spare_for(older.len() + newer.len());
             let merged = Arc::new(RunData::new(merge_two(&older, &newer, out)));
             {
@@ -741,7 +746,7 @@ mod tests {
         assert!(!runs.wants_tidying(), "only a snapshot asks");
         let held = runs.snapshot();
         assert!(runs.wants_tidying());
-        let merges = runs.tidy();
+        let merges = runs.tidy(|| true);
         assert!(merges > 0);
         assert!(!runs.wants_tidying());
         let after = runs.state.lock().runs.len();
@@ -762,6 +767,25 @@ mod tests {
         );
     }
 
+    /// Tidying stops between merges once it is no longer worth it (the
+    /// memtable was frozen), and a later tidying finishes the work.
+    #[test]
+    fn tidying_stops_when_told_and_resumes_later() {
+        let runs = SortedRuns::with_limits(4, 64);
+        for i in 0..40 * 64u32 {
+            runs.insert(put_at(&i.to_be_bytes(), 1, i));
+        }
+        let before = runs.runs();
+        let asked = AtomicUsize::new(0);
+        let merges = runs.tidy(|| asked.fetch_add(1, AtomicOrdering::Relaxed) < 3);
+        assert_eq!(merges, 3);
+        assert_eq!(runs.runs(), before - 3);
+        assert!(runs.tidy(|| true) > 0);
+        assert!(runs.pair_to_tidy().is_none(), "nothing left to tidy");
+        let all: Vec<SeqNo> = runs.snapshot().iter_from(&[]).map(|e| e.seq).collect();
+        assert_eq!(all.len(), 40 * 64);
+    }
+
     /// The writer inserting while maintenance tidies and readers scan:
     /// nothing is lost, doubled or reordered, and the writer never finds
     /// its newest runs changed under it (it would panic).
@@ -775,7 +799,7 @@ mod tests {
             std::thread::spawn(move || {
                 let mut merges = 0;
                 while done.load(AtomicOrdering::Acquire) < N as usize {
-                    merges += runs.tidy();
+                    merges += runs.tidy(|| true);
                 }
                 merges
             })
@@ -831,7 +855,7 @@ mod tests {
                 model.insert((key.clone(), std::cmp::Reverse(*seq)), *offset);
                 keys.push(key.clone());
                 if tidy_every > 0 && i % tidy_every == 0 {
-                    runs.tidy();
+                    runs.tidy(|| true);
                 }
                 if i % 50 == 0 {
                     check(&runs, &model, &keys);

@@ -158,10 +158,10 @@ impl Memtable {
         self.runs.wants_tidying()
     }
 
-    /// Merges its sorted runs of similar length, off the writers' path;
-    /// returns how many merges it made.
-    pub(crate) fn tidy_runs(&self) -> usize {
-        self.runs.tidy()
+    /// Merges its sorted runs of similar length, off the writers' path,
+    /// while `worth_it` holds; returns how many merges it made.
+    pub(crate) fn tidy_runs(&self, worth_it: impl Fn() -> bool) -> usize {
+        self.runs.tidy(worth_it)
     }
 
     /// Charged DRAM (keys plus per-entry overhead).
