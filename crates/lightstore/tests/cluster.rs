@@ -167,8 +167,9 @@ fn missed_writes_are_handed_off_when_a_node_returns() {
         .filter(|&i| observer.replicas_of(&keys[i]).contains(&2))
         .collect();
     assert!(on_node2.len() > 80, "{}", on_node2.len());
-    let waiting: u64 = observer
-        .status()
+    let status = observer.status();
+    assert!(status.iter().take(2).all(|s| s.up), "{status:?}");
+    let waiting: u64 = status
         .iter()
         .flat_map(|s| s.hints.iter())
         .filter(|(t, _)| *t == tc.addrs[2])
@@ -177,7 +178,7 @@ fn missed_writes_are_handed_off_when_a_node_returns() {
     assert_eq!(
         waiting as usize,
         on_node2.len(),
-        "one hint per missed write"
+        "one hint per missed write: {status:?}"
     );
 
     tc.restart(2);

@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::collections::BTreeSet;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,8 +37,20 @@ impl Node {
     }
 
     /// A node on `dir`; `Err(stderr)` if it exits before it is ready.
+    /// Its port is one [`free_port`] gave (never another node's, even
+    /// one killed a moment ago); a port taken between that and the node's
+    /// bind is traded for another.
     pub fn start_in(dir: &Path, extra: &[&str]) -> Result<Node, (Option<i32>, String)> {
-        Node::start_at(dir, "127.0.0.1:0", extra)
+        let mut tries = 0;
+        loop {
+            let listen = format!("127.0.0.1:{}", free_port());
+            match Node::start_at(dir, &listen, extra) {
+                Err((_, log)) if log.contains("Address already in use") && tries < 5 => {
+                    tries += 1;
+                }
+                started => return started,
+            }
+        }
     }
 
     /// A node on `dir` listening on `listen` (a fixed port survives restarts).
@@ -311,12 +324,23 @@ pub fn call(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> Resp {
     read_reply(conn).expect("reply")
 }
 
-/// A TCP port that was free a moment ago on 127.0.0.1.
+/// A TCP port that was free a moment ago on 127.0.0.1, and that no other
+/// call in this test process has returned. The kernel hands out a port
+/// again as soon as it is free, and a node killed by one test leaves its
+/// port free until the test restarts it: another test's node must not
+/// take it meanwhile (a restart would then fail, or a peer's hinted
+/// handoff deliver to the wrong cluster).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A tmpfs of `mib` MiB mounted on a fresh directory, unmounted on drop;
