@@ -5,11 +5,11 @@
 
 pub mod cluster;
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::collections::BTreeSet;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
