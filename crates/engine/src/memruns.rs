@@ -14,10 +14,14 @@
 //!
 //! Runs stop growing at [`MAX_RUN`] on the writer's path, so a full
 //! memtable of small values holds dozens, and a scan seeks and merges
-//! every one. When a scan finds more than [`MANY_RUNS`], background
+//! every one. When scans have sought through more than [`MANY_RUNS`] runs
+//! often enough to pay for it ([`VERSIONS_PER_SEEK`]), background
 //! maintenance merges adjacent long runs of similar length
 //! ([`SortedRuns::tidy`]) off the writer's path, which leaves about
-//! log2(versions / [`MAX_RUN`]) of them.
+//! log2(versions / [`MAX_RUN`]) of them. A rare scan (a node's periodic
+//! probe of a reserved range under a write-only load) asks for nothing:
+//! tidying copies every version again into fresh memory, which would cost
+//! such a load more than all its scans' seeks.
 //!
 //! Contract:
 //! - Inserts come from one writer at a time (the value log's lock orders
@@ -47,9 +51,18 @@ const TAIL: usize = 64;
 /// of more runs for a scan to merge in a full memtable.
 const MAX_RUN: usize = 16 * 1024;
 
-/// Runs a snapshot may hold before it asks for the runs to be tidied
-/// (see [`SortedRuns::tidy`]).
+/// Runs a snapshot may hold before it counts towards tidying them (see
+/// [`SortedRuns::tidy`]).
 const MANY_RUNS: usize = 8;
+/// Tidying is asked for once the snapshots of a memtable of many runs have
+/// made one run seek (each snapshot seeks every run it holds) per this many
+/// versions in its runs. A tidy moves each version a few times, about what
+/// one seek's comparisons cost per few dozen versions, so it pays once
+/// the scans would make that many seeks through runs it removes; a scan
+/// heavy load (YCSB workload E) gets there within a fraction of a second,
+/// a probe every 100 ms of a memtable of a few hundred thousand versions
+/// not in the memtable's lifetime.
+const VERSIONS_PER_SEEK: usize = 32;
 
 /// Merged-away runs whose memory is kept for later merges, of those up to
 /// half of [`MAX_RUN`] long (longer ones are all kept: see
@@ -257,8 +270,11 @@ pub(crate) struct SortedRuns {
     /// Memory of merged-away runs, for the writer's next merges.
     spares: Mutex<Vec<Vec<Item>>>,
     inserted: AtomicUsize,
-    /// Set when a snapshot held more than [`MANY_RUNS`] runs; cleared by
-    /// [`SortedRuns::tidy`].
+    /// Run seeks made by snapshots of more than [`MANY_RUNS`] runs since
+    /// the last [`SortedRuns::tidy`].
+    seeks: AtomicUsize,
+    /// Set when those seeks reached one per [`VERSIONS_PER_SEEK`]
+    /// versions; cleared by [`SortedRuns::tidy`].
     tidy_wanted: AtomicBool,
     tail_len: usize,
     max_run: usize,
@@ -280,6 +296,7 @@ impl SortedRuns {
             state: Mutex::new(State::default()),
             spares: Mutex::new(Vec::new()),
             inserted: AtomicUsize::new(0),
+            seeks: AtomicUsize::new(0),
             tidy_wanted: AtomicBool::new(false),
             tail_len: tail,
             max_run,
@@ -432,7 +449,11 @@ impl SortedRuns {
     pub(crate) fn snapshot(&self) -> Snapshot {
         let st = self.state.lock();
         if st.runs.len() > MANY_RUNS {
-            self.tidy_wanted.store(true, AtomicOrdering::Relaxed);
+            let seeks = self.seeks.fetch_add(st.runs.len(), AtomicOrdering::Relaxed);
+            let versions: usize = st.runs.iter().map(|r| r.items.len()).sum();
+            if (seeks + st.runs.len()).saturating_mul(VERSIONS_PER_SEEK) >= versions {
+                self.tidy_wanted.store(true, AtomicOrdering::Relaxed);
+            }
         }
         let mut runs = st.runs.clone();
         if !st.tail.is_empty() {
@@ -450,8 +471,9 @@ impl SortedRuns {
         self.state.lock().runs.len()
     }
 
-    /// Whether a snapshot found more than [`MANY_RUNS`] runs since the
-    /// last [`SortedRuns::tidy`].
+    /// Whether snapshots of more than [`MANY_RUNS`] runs have sought
+    /// through them enough since the last [`SortedRuns::tidy`] to pay for
+    /// one ([`VERSIONS_PER_SEEK`]).
     pub(crate) fn wants_tidying(&self) -> bool {
         self.tidy_wanted.load(AtomicOrdering::Relaxed)
     }
@@ -468,6 +490,7 @@ impl SortedRuns {
     /// flush, which makes the work moot).
     pub(crate) fn tidy(&self, worth_it: impl Fn() -> bool) -> usize {
         self.tidy_wanted.store(false, AtomicOrdering::Relaxed);
+        self.seeks.store(0, AtomicOrdering::Relaxed);
         let mut merges = 0;
         while let Some((older, newer)) = self.pair_to_tidy() {
             if !worth_it() {
@@ -743,9 +766,26 @@ mod tests {
         }
         let before = runs.state.lock().runs.len();
         assert!(before > MANY_RUNS, "{before} runs");
-        assert!(!runs.wants_tidying(), "only a snapshot asks");
+        assert!(!runs.wants_tidying(), "only snapshots ask");
         let held = runs.snapshot();
-        assert!(runs.wants_tidying());
+        assert!(!runs.wants_tidying(), "one scan does not pay for a tidy");
+        // Snapshots ask once they have made a run seek per
+        // VERSIONS_PER_SEEK versions, not before.
+        let mut snapshots = 1;
+        while !runs.wants_tidying() {
+            drop(runs.snapshot());
+            snapshots += 1;
+            assert!(snapshots <= 1000, "snapshots never asked for tidying");
+        }
+        let seeks = snapshots * before;
+        assert!(
+            seeks * VERSIONS_PER_SEEK >= n as usize,
+            "asked after {seeks} seeks"
+        );
+        assert!(
+            (seeks - before) * VERSIONS_PER_SEEK < n as usize,
+            "asked late: {snapshots}"
+        );
         let merges = runs.tidy(|| true);
         assert!(merges > 0);
         assert!(!runs.wants_tidying());
