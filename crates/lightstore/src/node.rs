@@ -71,7 +71,7 @@ pub struct NodeArgs {
     /// replies) before the connection is closed (default 60000).
     #[arg(long, value_name = "MS")]
     reply_timeout_ms: Option<u64>,
-    /// Executor threads running writes (default 16).
+    /// Executor threads running writes (default 4; 16 under `--durability sync`).
     #[arg(long)]
     threads: Option<usize>,
     /// Executor threads running reads, each with a batch of device reads in flight

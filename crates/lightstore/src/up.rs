@@ -34,8 +34,9 @@ pub struct UpArgs {
     /// Keytable cache of each node, e.g. 64M.
     #[arg(long)]
     cache_size: Option<String>,
-    /// Executor threads of each node (fewer than a lone node's 16: the
-    /// nodes share this machine).
+    /// Executor write threads of each node (as a lone node's default under
+    /// `interval`; fewer than its 16 under `sync`: the nodes share this
+    /// machine).
     #[arg(long, default_value_t = 4)]
     threads: usize,
 }
