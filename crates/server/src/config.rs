@@ -427,7 +427,7 @@ mod tests {
         assert_eq!(with("sync", None).write_threads(), SYNC_WRITE_THREADS);
         assert_eq!(with("sync", Some(2)).write_threads(), 2);
         assert_eq!(with("interval", Some(32)).write_threads(), 32);
-        assert!(WRITE_THREADS < SYNC_WRITE_THREADS);
+        const { assert!(WRITE_THREADS < SYNC_WRITE_THREADS) };
     }
 
     #[test]
