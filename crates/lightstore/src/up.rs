@@ -34,11 +34,10 @@ pub struct UpArgs {
     /// Keytable cache of each node, e.g. 64M.
     #[arg(long)]
     cache_size: Option<String>,
-    /// Executor write threads of each node (as a lone node's default under
-    /// `interval`; fewer than its 16 under `sync`: the nodes share this
-    /// machine).
-    #[arg(long, default_value_t = 4)]
-    threads: usize,
+    /// Executor write threads of each node (default: a node's own, 4, or 16
+    /// under `--durability sync`, where they wait for syncs, not cores).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// How long nodes get to start and to stop.
@@ -140,7 +139,9 @@ fn spawn_node(exe: &Path, args: &UpArgs, addr: &str, data: &Path) -> Result<Chil
     if let Some(c) = &args.cache_size {
         cmd.args(["--cache-size", c]);
     }
-    cmd.args(["--threads", &args.threads.to_string()]);
+    if let Some(t) = args.threads {
+        cmd.args(["--threads", &t.to_string()]);
+    }
     cmd.spawn()
         .map_err(|e| format!("cannot start node {addr}: {e}"))
 }
