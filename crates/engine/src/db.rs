@@ -670,18 +670,21 @@ impl DbInner {
     /// Runs `append` and, while it fails for want of space and the log
     /// holds a segment that GC would clean, wakes GC and tries again, for
     /// at most [`NOSPACE_WAIT`]: a writer faster than GC waits for it
-    /// rather than failing on a device that is not full of live data. A
-    /// delete batch (`deletes`) also waits while earlier deletes and
-    /// overwrites have not met the versions they hide yet: while the
-    /// memtables hold entries or flushed runs wait for their merge into
-    /// L1, which maintenance runs first when space is low and which turns
-    /// the values they dropped into garbage GC can clean (each delete
-    /// under `sync` durability takes a page of the delete reserve, which
-    /// deletes alone would exhaust; a delete that came just after a flush
-    /// failed while the run it left waited for its merge). Any write also
-    /// waits while released segments wait for the checkpoint that frees
-    /// them. On a full host file system only deletes wait (for the
-    /// reserve; see [`Self::out_of_segments`]). A failed append changed
+    /// rather than failing on a device that is not full of live data. It
+    /// also waits while earlier deletes and overwrites have not met the
+    /// versions they hide yet: while the memtables hold entries or flushed
+    /// runs wait for their merge into L1, which maintenance runs first when
+    /// space is low and which turns the values they dropped into garbage
+    /// GC can clean. Until then the log counts those values as live, so no
+    /// segment looks reclaimable: a block volume overwritten at device
+    /// speed filled an 8 GiB node holding 2 GiB of live data and its
+    /// writes failed with GC never run (each delete under `sync`
+    /// durability also takes a page of the delete reserve, which deletes
+    /// alone would exhaust). On a device full of live data maintenance
+    /// flushes and merges within moments and writes then fail at once. Any
+    /// write also waits while released segments wait for the checkpoint
+    /// that frees them. On a full host file system only deletes wait (for
+    /// the reserve; see [`Self::out_of_segments`]). A failed append changed
     /// nothing (it fails before writing a record).
     fn retry_while_gc_can_free<T>(
         &self,
@@ -695,7 +698,7 @@ impl DbInner {
                     if self.out_of_segments(&e, deletes)
                         && self.opts.background
                         && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
-                            || (deletes && self.unmerged_deletes_may_free())
+                            || self.unmerged_writes_may_free()
                             || self.flash.pending_free_segments() > 0)
                         && std::time::Instant::now() < deadline
                         && !self.signal.stopping()
@@ -729,7 +732,7 @@ impl DbInner {
     /// Whether deletes and overwrites may still release values for GC once
     /// maintenance flushes and merges what it holds (see
     /// [`Self::retry_while_gc_can_free`]).
-    fn unmerged_deletes_may_free(&self) -> bool {
+    fn unmerged_writes_may_free(&self) -> bool {
         let sv = self.sv.read();
         !sv.mem.is_empty() || sv.imm.is_some() || sv.version.runs > 0
     }
