@@ -158,6 +158,34 @@ fn full_device_answers_nospace_and_keeps_serving_reads() {
     assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
 }
 
+/// Overwriting a few keys over and over, four times the device's size in
+/// all, never meets `NOSPACE`: the values each overwrite replaces are
+/// garbage GC reclaims, once maintenance has merged the overwrites with
+/// them (a SET that finds the device full meanwhile waits for that).
+#[test]
+fn overwrites_many_times_the_device_are_never_refused() {
+    let n = Node::start(&["--capacity", "64M"]);
+    let mut c = BufReader::new(n.connect());
+    let value = |round: usize| vec![b'a' + (round % 26) as u8; 256 << 10];
+    for round in 0..64 {
+        for k in 0..16 {
+            let key = format!("ow:{k:02}");
+            match call(&mut c, &[b"SET", key.as_bytes(), &value(round)]) {
+                Resp::Simple(s) if s == "OK" => {}
+                other => panic!("round {round}, SET {key}: {other:?}"),
+            }
+        }
+    }
+    for k in 0..16 {
+        let key = format!("ow:{k:02}");
+        assert_eq!(
+            call(&mut c, &[b"GET", key.as_bytes()]),
+            Resp::Bulk(value(63)),
+            "{key}"
+        );
+    }
+}
+
 #[test]
 fn preallocate_allocates_the_whole_device_file_and_keeps_data() {
     use std::os::unix::fs::MetadataExt;
