@@ -192,15 +192,14 @@ impl Default for Config {
 /// write there never waits for the device, only for the log's lock and
 /// its copy and index work, so a few workers keep two cores busy; each
 /// more grows its own allocator pages and takes turns on the same locks
-/// (a fresh node's 512 MiB block fill ran 60-75 % faster with 4 than with
-/// 16, plain SETs 20 % faster, VSETs the same: `bench/RESULTS.md`,
-/// session 38).
+/// (a fresh node's block fill and plain SETs were faster with 4 than with
+/// 16, VSETs the same: `bench/RESULTS.md`, session 38).
 pub const WRITE_THREADS: usize = 4;
 /// Write workers by default under `sync` durability: each waits for its
 /// batch's device sync, and the versioned writes of different connections
 /// (every cluster write) are separate batches, so the workers waiting at
-/// once are what one group commit gathers (VSETs from 16 pipelining
-/// connections: 0.66 of plain SETs with 4 workers, 0.84 with 16).
+/// once are what one group commit gathers (with 4, VSETs from 16
+/// pipelining connections fell below 0.8 of plain SETs; same section).
 pub const SYNC_WRITE_THREADS: usize = 16;
 
 impl Config {
