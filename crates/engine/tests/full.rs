@@ -126,6 +126,24 @@ fn a_full_device_recovers_after_deletes_under_sync() {
     }
 }
 
+/// A 16 MiB device with background maintenance and lazy GC, segments of
+/// 256 KiB, whose memtable is flushed after `memtable_log_bytes` of log.
+fn overwrite_store(
+    memtable_log_bytes: u64,
+) -> (std::sync::Arc<engine::flash::NandDevice>, engine::Db) {
+    let dev = nand(16, engine::flash::LossMode::AllUnsynced);
+    let opts = engine::Options {
+        background: true,
+        lazy_gc: true,
+        memtable_bytes: 64 << 20,
+        memtable_log_bytes,
+        format_segment_pages: Some(64),
+        ..small_opts()
+    };
+    let db = open(&dev, &opts);
+    (dev, db)
+}
+
 /// Overwrites at full speed of a live set far smaller than the device
 /// never fail for want of space. While the memtable (here a quarter of the
 /// device's log, as a node's 1 GiB memtable of an 8 GiB device) holds the
@@ -136,16 +154,7 @@ fn a_full_device_recovers_after_deletes_under_sync() {
 /// run).
 #[test]
 fn overwrites_of_a_small_live_set_never_run_out_of_space() {
-    let dev = nand(16, engine::flash::LossMode::AllUnsynced);
-    let opts = engine::Options {
-        background: true,
-        lazy_gc: true,
-        memtable_bytes: 64 << 20,
-        memtable_log_bytes: 4 << 20,
-        format_segment_pages: Some(64),
-        ..small_opts()
-    };
-    let db = open(&dev, &opts);
+    let (_dev, db) = overwrite_store(4 << 20);
     // 256 keys of 8 KiB: 2 MiB live, an eighth of the device; 24 rounds
     // write three times the device.
     const KEYS: u32 = 256;
@@ -174,16 +183,7 @@ fn overwrites_of_a_small_live_set_never_run_out_of_space() {
 /// limit; see `bench/RESULTS.md`, session 38.)
 #[test]
 fn random_overwrites_of_a_mostly_full_device_are_accepted() {
-    let dev = nand(16, engine::flash::LossMode::AllUnsynced);
-    let opts = engine::Options {
-        background: true,
-        lazy_gc: true,
-        memtable_bytes: 64 << 20,
-        memtable_log_bytes: 1 << 20,
-        format_segment_pages: Some(64),
-        ..small_opts()
-    };
-    let db = open(&dev, &opts);
+    let (_dev, db) = overwrite_store(1 << 20);
     let segments = u64::from(db.stats().segments_total);
     let segment_bytes = db.stats().segment_bytes;
     // Live data: 60 % of the device's segments (keytables and the
