@@ -533,8 +533,18 @@ impl DbInner {
             })
             .collect();
         let n = ops.len();
-        // Deletes free space, so they may use the segments held back for GC.
-        let reserve = if ops.iter().all(|(kind, _, _)| *kind == KIND_DELETE) {
+        // Deletes free space, so they may use the segments held back for GC;
+        // so do an upper layer's tombstones (`Options::tombstone_tag`).
+        let is_tombstone = |v: &ValueBytes<'_>| {
+            self.opts.tombstone_tag.is_some_and(|t| {
+                v.len() == 1 + crate::tag::TAG_LEN
+                    && matches!(crate::tag::Tagging::of_parts(*v), crate::tag::Tagging::Tagged(tag) if tag[0] == t)
+            })
+        };
+        let reserve = if ops
+            .iter()
+            .all(|(kind, _, v)| *kind == KIND_DELETE || (*kind == KIND_PUT && is_tombstone(v)))
+        {
             Reserve::Delete
         } else {
             Reserve::User

@@ -77,6 +77,12 @@ pub struct Options {
     pub lazy_gc: bool,
     /// Free segments kept back from user writes for GC and compaction.
     pub reserved_segments: u32,
+    /// The first tag byte (see `tag.rs`) of values that are tombstones of
+    /// an upper layer (the node's versioned deletes): a batch of nothing
+    /// but deletes and such minimal tagged values (magic and tag alone)
+    /// frees space like plain deletes and may use the delete reserve when
+    /// the device is full. `None`: only plain deletes do.
+    pub tombstone_tag: Option<u8>,
     /// Size of one log write chunk (written as one device I/O), bytes.
     pub log_chunk_bytes: usize,
     /// Segment size in pages used when formatting a blank device (`None`:
@@ -113,6 +119,7 @@ impl Default for Options {
             gc_live_threshold: 0.5,
             lazy_gc: true,
             reserved_segments: 3,
+            tombstone_tag: None,
             log_chunk_bytes: 1024 * 1024,
             format_segment_pages: None,
             max_write_stall: Duration::from_secs(30),
@@ -140,6 +147,7 @@ impl Options {
             gc_live_threshold: 0.5,
             lazy_gc: false,
             reserved_segments: 3,
+            tombstone_tag: None,
             log_chunk_bytes: 16 * 1024,
             format_segment_pages: Some(16),
             max_write_stall: Duration::from_secs(30),

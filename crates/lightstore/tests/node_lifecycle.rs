@@ -158,6 +158,70 @@ fn full_device_answers_nospace_and_keeps_serving_reads() {
     assert_eq!(call(&mut c, &[b"PING"]), Resp::Simple("PONG".into()));
 }
 
+/// The cluster's versioned deletes (`VDEL`, what every adapter's delete
+/// or TRIM becomes) are accepted on a device full of live data, as plain
+/// DELs are, and free it: after deleting three quarters, new versioned
+/// writes are accepted again within a bounded time.
+#[test]
+fn versioned_deletes_free_a_full_device() {
+    let n = Node::start(&["--capacity", "64M"]);
+    let mut c = BufReader::new(n.connect());
+    let value = vec![b'v'; 256 << 10];
+    let mut stored = 0u32;
+    loop {
+        let key = format!("vfull:{stored:04}");
+        match call(&mut c, &[b"VSET", key.as_bytes(), b"1", &value]) {
+            Resp::Error(e) => {
+                assert!(e.starts_with("ERR NOSPACE"), "{e}");
+                break;
+            }
+            _ => stored += 1,
+        }
+        assert!(stored < 1000, "a 64 MiB device never filled up");
+    }
+    assert!(stored > 10, "only {stored} values fit");
+    // Then smaller values until not even those fit: the log's open
+    // segment has no room left for a tombstone either.
+    for (size, tag) in [(4096usize, "s"), (64, "t")] {
+        let small = vec![b'w'; size];
+        for j in 0.. {
+            let key = format!("vfill:{tag}{j}");
+            if let Resp::Error(e) = call(&mut c, &[b"VSET", key.as_bytes(), b"1", &small]) {
+                assert!(e.starts_with("ERR NOSPACE"), "{e}");
+                break;
+            }
+            assert!(j < 100_000, "{size}-byte values never filled the device");
+        }
+    }
+    for i in (0..stored).filter(|i| i % 4 != 0) {
+        let key = format!("vfull:{i:04}");
+        if let Resp::Error(e) = call(&mut c, &[b"VDEL", key.as_bytes(), b"2"]) {
+            panic!("VDEL {key} on a full device: {e}");
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match call(&mut c, &[b"VSET", b"vfull:new", b"1", &value]) {
+            Resp::Error(e) if e.starts_with("ERR NOSPACE") => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no room after the deletes: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Resp::Error(e) => panic!("VSET after the deletes: {e}"),
+            _ => break,
+        }
+    }
+    for i in (0..stored).step_by(4) {
+        let key = format!("vfull:{i:04}");
+        assert!(
+            matches!(call(&mut c, &[b"GET", key.as_bytes()]), Resp::Bulk(ref b) if b.len() > value.len()),
+            "{key} kept"
+        );
+    }
+}
+
 /// Overwriting a few keys over and over, four times the device's size in
 /// all, never meets `NOSPACE`: the values each overwrite replaces are
 /// garbage GC reclaims, once maintenance has merged the overwrites with

@@ -22,7 +22,8 @@ pub const MAGIC: u8 = 0xF1;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 10;
 const KIND_VALUE: u8 = 0x01;
-const KIND_TOMBSTONE: u8 = 0x02;
+/// Kind byte (the first tag byte) of a tombstone: the header alone.
+pub const KIND_TOMBSTONE: u8 = 0x02;
 
 /// A decoded versioned value.
 #[derive(Clone, Debug, PartialEq, Eq)]

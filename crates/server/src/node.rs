@@ -60,6 +60,9 @@ fn open_engine(config: &Config) -> Result<engine::Db, ServerError> {
     }
     let mut opts = engine::Options {
         durability: config.durability()?,
+        // The cluster's deletes (VDEL) may use the delete reserve of a
+        // full device, as plain DELs do.
+        tombstone_tag: Some(protocol::versioned::KIND_TOMBSTONE),
         ..engine::Options::default()
     };
     if let Some(cache) = config.cache_size {
