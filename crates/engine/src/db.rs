@@ -536,10 +536,9 @@ impl DbInner {
         // Deletes free space, so they may use the segments held back for GC;
         // so do an upper layer's tombstones (`Options::tombstone_tag`).
         let is_tombstone = |v: &ValueBytes<'_>| {
-            self.opts.tombstone_tag.is_some_and(|t| {
-                v.len() == 1 + crate::tag::TAG_LEN
-                    && matches!(crate::tag::Tagging::of_parts(*v), crate::tag::Tagging::Tagged(tag) if tag[0] == t)
-            })
+            v.len() == 1 + crate::tag::TAG_LEN
+                && crate::tag::tag_of_parts(*v)
+                    .is_some_and(|tag| self.opts.tombstone_tag == Some(tag[0]))
         };
         let reserve = if ops
             .iter()

@@ -42,7 +42,7 @@ pub fn tag_of(value: &[u8]) -> Option<Tag> {
 /// [`tag_of`] a value in two parts.
 /// Its first `1 + TAG_LEN` bytes decide, as for a value in one part (a
 /// shorter value has no tag).
-fn tag_of_parts(value: ValueBytes<'_>) -> Option<Tag> {
+pub(crate) fn tag_of_parts(value: ValueBytes<'_>) -> Option<Tag> {
     let first: [u8; 1 + TAG_LEN] = value.prefix()?;
     tag_of(&first)
 }
