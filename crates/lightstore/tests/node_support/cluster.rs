@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use client::{Cluster, ClusterConfig};
 
-use super::{free_port, Node};
+use super::{on_a_free_port, Node};
 
 /// Nodes `0..n`; `nodes[i]` is `None` while node `i` is down.
 pub struct TestCluster {
@@ -30,9 +30,8 @@ impl TestCluster {
         let dirs: Vec<PathBuf> = (0..n)
             .map(|i| tmp.path().join(format!("node{i}")))
             .collect();
-        let addrs: Vec<String> = (0..n)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
-            .collect();
+        // Each node's address is chosen as it first starts (`start_first`).
+        let addrs = vec![String::new(); n];
         let mut c = TestCluster {
             _tmp: tmp,
             dirs,
@@ -46,23 +45,16 @@ impl TestCluster {
         c
     }
 
-    /// Starts node `i` for the first time. A port that another test took
-    /// between [`free_port`] and the node's bind is traded for a new one:
-    /// nothing knows the node's address yet.
+    /// Starts node `i` for the first time, on a port [`on_a_free_port`]
+    /// picks (it may trade a taken one: nothing knows the node's address
+    /// yet), which becomes its address for good.
     fn start_first(&mut self, i: usize) {
-        for _ in 0..5 {
-            match self.try_start(i) {
-                Ok(node) => {
-                    self.nodes[i] = Some(node);
-                    return;
-                }
-                Err((_, log)) if log.contains("Address already in use") => {
-                    self.addrs[i] = format!("127.0.0.1:{}", free_port());
-                }
-                Err((code, log)) => panic!("node {i} failed ({code:?}):\n{log}"),
-            }
-        }
-        panic!("node {i}: every port tried was taken");
+        let node = on_a_free_port(|listen| {
+            self.addrs[i] = listen.to_string();
+            self.try_start(i)
+        })
+        .unwrap_or_else(|(code, log)| panic!("node {i} failed ({code:?}):\n{log}"));
+        self.nodes[i] = Some(node);
     }
 
     pub fn restart(&mut self, i: usize) {

@@ -37,20 +37,9 @@ impl Node {
     }
 
     /// A node on `dir`; `Err(stderr)` if it exits before it is ready.
-    /// Its port is one [`free_port`] gave (never another node's, even
-    /// one killed a moment ago); a port taken between that and the node's
-    /// bind is traded for another.
+    /// Its port is one [`free_port`] gave (see [`on_a_free_port`]).
     pub fn start_in(dir: &Path, extra: &[&str]) -> Result<Node, (Option<i32>, String)> {
-        let mut tries = 0;
-        loop {
-            let listen = format!("127.0.0.1:{}", free_port());
-            match Node::start_at(dir, &listen, extra) {
-                Err((_, log)) if log.contains("Address already in use") && tries < 5 => {
-                    tries += 1;
-                }
-                started => return started,
-            }
-        }
+        on_a_free_port(|listen| Node::start_at(dir, listen, extra))
     }
 
     /// A node on `dir` listening on `listen` (a fixed port survives restarts).
@@ -322,6 +311,23 @@ pub fn lightstore(args: &[&str]) -> Output {
 pub fn call(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> Resp {
     conn.get_mut().write_all(&encode(args)).expect("write");
     read_reply(conn).expect("reply")
+}
+
+/// Runs `start` with an address on a port from [`free_port`] (never
+/// another node's, even one killed a moment ago); a port some other
+/// process took between that and the bind (`start` failing with "Address
+/// already in use") is traded for another, five times at most.
+pub fn on_a_free_port<T>(
+    mut start: impl FnMut(&str) -> Result<T, (Option<i32>, String)>,
+) -> Result<T, (Option<i32>, String)> {
+    let mut tries = 0;
+    loop {
+        let listen = format!("127.0.0.1:{}", free_port());
+        match start(&listen) {
+            Err((_, log)) if log.contains("Address already in use") && tries < 5 => tries += 1,
+            started => return started,
+        }
+    }
 }
 
 /// A TCP port that was free a moment ago on 127.0.0.1, and that no other
