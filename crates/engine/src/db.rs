@@ -677,8 +677,7 @@ impl DbInner {
     }
 
     /// Runs `append` and, while it fails for want of space and the log
-    /// holds a segment that GC would clean (at worst as its last resort,
-    /// [`crate::gc::LAST_RESORT_LIVE`]), wakes GC and tries again, for
+    /// holds a segment that GC would clean, wakes GC and tries again, for
     /// at most [`NOSPACE_WAIT`]: a writer faster than GC waits for it
     /// rather than failing on a device that is not full of live data. It
     /// also waits while earlier deletes and overwrites have not met the
@@ -707,7 +706,7 @@ impl DbInner {
                 Err(e)
                     if self.out_of_segments(&e, deletes)
                         && self.opts.background
-                        && (self.vlog.has_reclaimable(crate::gc::LAST_RESORT_LIVE)
+                        && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
                             || self.unmerged_writes_may_free()
                             || self.flash.pending_free_segments() > 0)
                         && std::time::Instant::now() < deadline
@@ -742,7 +741,7 @@ impl DbInner {
     /// Whether deletes and overwrites may still release values for GC once
     /// maintenance flushes and merges what it holds (see
     /// [`Self::retry_while_gc_can_free`]).
-    pub(crate) fn unmerged_writes_may_free(&self) -> bool {
+    fn unmerged_writes_may_free(&self) -> bool {
         let sv = self.sv.read();
         !sv.mem.is_empty() || sv.imm.is_some() || sv.version.runs > 0
     }

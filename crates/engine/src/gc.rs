@@ -21,11 +21,6 @@ const KT_FLUSH_SLACK_PAGES: u64 = 8;
 /// Segments cleaned per pass at most.
 const MAX_VICTIMS_PER_PASS: usize = 4;
 
-/// The live fraction below which [`DbInner::gc_last_resort`] still cleans
-/// a segment: at least a twentieth of it must be garbage to be worth the
-/// flush that completes the pass.
-pub(crate) const LAST_RESORT_LIVE: f64 = 0.95;
-
 /// With [`crate::Options::lazy_gc`], space is roomy while at least this
 /// fraction of the device's segments is free ...
 const ROOMY_FREE_FRACTION: f64 = 0.5;
@@ -56,11 +51,6 @@ impl GcVictims {
         }
     }
 
-    /// Whether no cleaned segment waits for its flush or its release.
-    fn settled(&self) -> bool {
-        self.awaiting_flush.is_empty() && self.ready.is_empty()
-    }
-
     /// Whether `seg` is cleaned, releasable or pinned already.
     fn tracks(&self, seg: &SegmentId) -> bool {
         self.awaiting_flush.contains(seg) || self.ready.contains(seg) || self.pinned.contains(seg)
@@ -87,6 +77,7 @@ impl DbInner {
     }
 
     pub(crate) fn gc_locked(&self, st: &mut MaintState, force: bool) -> Result<usize> {
+        let current = self.vlog.current_segment();
         let snapshots = self.snapshot_seqs();
         st.gc.unpin_unless(snapshots);
         let low_space = self.space_low();
@@ -103,49 +94,6 @@ impl DbInner {
         } else {
             self.opts.gc_live_threshold
         };
-        self.clean_below(st, threshold, MAX_VICTIMS_PER_PASS)
-    }
-
-    /// GC's last resort, for a device short of space whose every segment is
-    /// too live for [`Self::gc_locked`]'s low-space limit (random overwrites
-    /// spread garbage evenly: a block volume filling three quarters of its
-    /// node's device left every segment ~80 % live, and writes failed with
-    /// space to gain). Cleans the least live segment below
-    /// [`LAST_RESORT_LIVE`], one per pass, and only once nothing else can
-    /// release space: the memtables are empty, no flushed run waits for its
-    /// merge (which may still turn overwritten values into garbage: cleaning
-    /// before that spent the last free segments relocating values about to
-    /// die) and no segment cleaned earlier waits for its release. Its live
-    /// bytes must fit in the free segments relocation may use. Returns
-    /// whether it cleaned one.
-    pub(crate) fn gc_last_resort(&self, st: &mut MaintState) -> Result<bool> {
-        if !self.space_low()
-            || self.unmerged_writes_may_free()
-            || !st.gc.settled()
-            || self.flash.pending_free_segments() > 0
-        {
-            return Ok(false);
-        }
-        Ok(self.clean_below(st, LAST_RESORT_LIVE, 1)? > 0)
-    }
-
-    /// Cleans up to `max` sealed segments less live than `threshold`, least
-    /// live first, then flushes so that the next checkpoint may release
-    /// them. The victims' live bytes together must fit in the free
-    /// segments relocation may use ([`Self::relocation_reserve`]): a pass
-    /// that ran out of room mid-way would leave its relocations in the
-    /// memtable with no segment left for the flush that releases anything
-    /// (four victims on a small, mostly live device did). Returns how many
-    /// it cleaned.
-    fn clean_below(&self, st: &mut MaintState, threshold: f64, max: usize) -> Result<usize> {
-        let current = self.vlog.current_segment();
-        let reserve = self.relocation_reserve(st);
-        let usable = match reserve {
-            Reserve::InternalLast => self.flash.free_segments(),
-            _ => self.flash.free_segments().saturating_sub(1),
-        };
-        let segment_bytes = self.flash.geometry().segment_bytes();
-        let mut room = (u64::from(usable) * segment_bytes).saturating_sub(segment_bytes / 2);
         let mut victims: Vec<(SegmentId, SegMeta, f64)> = self
             .vlog
             .segments()
@@ -160,7 +108,13 @@ impl DbInner {
             .filter(|(_, m, live)| *live < threshold && m.live_bytes < m.written_bytes)
             .collect();
         victims.sort_by(|a, b| a.2.total_cmp(&b.2));
-        victims.truncate(max);
+        victims.truncate(MAX_VICTIMS_PER_PASS);
+        // The victims' live bytes together must fit where relocation may
+        // write: a pass that ran out of space mid-way left its relocations
+        // in the memtable with no segment for the flush that releases
+        // anything (four victims on a small, mostly live device did).
+        let reserve = self.relocation_reserve(st);
+        let mut room = self.relocation_room(reserve);
         victims.retain(|(_, m, _)| {
             let fits = m.live_bytes <= room;
             if fits {
@@ -215,6 +169,18 @@ impl DbInner {
         } else {
             Reserve::Internal
         }
+    }
+
+    /// The live bytes a pass's victims may have together: what the free
+    /// segments `reserve` lets relocation use hold, less half a segment for
+    /// the open segment's end and the records' framing.
+    fn relocation_room(&self, reserve: Reserve) -> u64 {
+        let usable = match reserve {
+            Reserve::InternalLast => self.flash.free_segments(),
+            _ => self.flash.free_segments().saturating_sub(1),
+        };
+        let segment_bytes = self.flash.geometry().segment_bytes();
+        (u64::from(usable) * segment_bytes).saturating_sub(segment_bytes / 2)
     }
 
     /// At least [`ROOMY_FREE_FRACTION`] of the device's segments are free.

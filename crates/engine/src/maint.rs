@@ -211,7 +211,7 @@ impl DbInner {
             if self.defragment_keytables(&mut st)? {
                 did = true;
             }
-            if !did && !self.gc_last_resort(&mut st)? {
+            if !did {
                 break;
             }
         }
