@@ -62,6 +62,34 @@ impl KeyLocks {
     }
 }
 
+/// The largest value a [`Room::SmallReplacements`] batch may write into
+/// the delete reserve.
+pub const SMALL_REPLACEMENT: usize = 1024;
+
+/// Where on a nearly full device a conditional batch may write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Room {
+    /// Where ordinary writes may (deletes alone also into the delete
+    /// reserve, as for every write).
+    Ordinary,
+    /// Also into the delete reserve when every operation kept replaces a
+    /// value the key holds with one of at most [`SMALL_REPLACEMENT`] bytes
+    /// (or deletes it): such a batch adds at most a little to what the
+    /// device holds. For coordination records that must stay writable on
+    /// a full device, such as the lease an adapter renews while its user
+    /// deletes data to make room; ordinary writes otherwise.
+    SmallReplacements,
+}
+
+/// Bytes an operation writes as its value (none for a delete).
+fn written_len(op: &BatchOp) -> usize {
+    match op {
+        BatchOp::Put(_, v) => v.len(),
+        BatchOp::PutParts { head, body, .. } => head.len() + body.len(),
+        BatchOp::Delete(_) => 0,
+    }
+}
+
 fn key_of(op: &BatchOp) -> &[u8] {
     match op {
         BatchOp::Put(k, _) | BatchOp::PutParts { key: k, .. } | BatchOp::Delete(k) => k,
@@ -82,6 +110,17 @@ impl Db {
     pub fn write_batch_if(
         &self,
         ops: &[BatchOp],
+        keep: impl FnMut(usize, &mut Current<'_>) -> Result<bool>,
+    ) -> Result<Vec<bool>> {
+        self.write_batch_if_in(ops, Room::Ordinary, keep)
+    }
+
+    /// [`Self::write_batch_if`], writing where `room` allows when the
+    /// device is nearly full.
+    pub fn write_batch_if_in(
+        &self,
+        ops: &[BatchOp],
+        room: Room,
         mut keep: impl FnMut(usize, &mut Current<'_>) -> Result<bool>,
     ) -> Result<Vec<bool>> {
         let guards = self.key_locks.lock(ops.iter().map(key_of));
@@ -111,15 +150,19 @@ impl Db {
             .collect();
         let mut kept = Vec::with_capacity(ops.len());
         let mut written = Vec::with_capacity(ops.len());
+        // Whether every kept operation is a small replacement (see `Room`).
+        let mut small_replacements = true;
         for (i, op) in ops.iter().enumerate() {
             let slot = &mut current[slot_of[i]];
             let accept = keep(i, slot)?;
             if accept {
+                small_replacements &= slot.exists() && written_len(op) <= SMALL_REPLACEMENT;
                 slot.set_written(op);
                 kept.push(op);
             }
             written.push(accept);
         }
+        let delete_reserve = room == Room::SmallReplacements && small_replacements;
         let lsn = if kept.is_empty() {
             // Nothing to write, but what was compared against may still
             // be waiting for its sync in another batch.
@@ -127,7 +170,7 @@ impl Db {
         } else {
             // `Wait::Allowed` appends or fails; `None` would be a bug.
             self.inner
-                .append_ops(&batch_records(kept), Wait::Allowed)?
+                .append_ops(&batch_records(kept), Wait::Allowed, delete_reserve)?
                 .ok_or_else(|| Error::Stopped("a conditional batch was not appended".into()))?
         };
         drop(guards);

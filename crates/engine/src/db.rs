@@ -465,7 +465,7 @@ impl DbInner {
         ops: &[(u8, &[u8], ValueBytes<'_>)],
         wait: Wait,
     ) -> Result<bool> {
-        match self.append_ops(ops, wait)? {
+        match self.append_ops(ops, wait, false)? {
             None => Ok(false),
             Some(lsn) => {
                 self.wait_durable(lsn)?;
@@ -493,10 +493,15 @@ impl DbInner {
     /// `Some(lsn)` to pass to [`Self::wait_durable`] once the records are
     /// appended (and visible to readers), `None` where [`Wait::Never`]
     /// would have had to wait (nothing written).
+    ///
+    /// `delete_reserve` lets the batch write into the delete reserve
+    /// whatever it holds (the caller checked that it adds little: see
+    /// [`crate::conditional::Room`]); deletes alone always may.
     pub(crate) fn append_ops(
         &self,
         ops: &[(u8, &[u8], ValueBytes<'_>)],
         wait: Wait,
+        delete_reserve: bool,
     ) -> Result<Option<u64>> {
         if ops.is_empty() {
             return Ok(Some(0));
@@ -540,9 +545,10 @@ impl DbInner {
                 && crate::tag::tag_of_parts(*v)
                     .is_some_and(|tag| self.opts.tombstone_tag == Some(tag[0]))
         };
-        let reserve = if ops
-            .iter()
-            .all(|(kind, _, v)| *kind == KIND_DELETE || (*kind == KIND_PUT && is_tombstone(v)))
+        let reserve = if delete_reserve
+            || ops
+                .iter()
+                .all(|(kind, _, v)| *kind == KIND_DELETE || (*kind == KIND_PUT && is_tombstone(v)))
         {
             Reserve::Delete
         } else {

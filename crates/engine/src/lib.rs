@@ -46,6 +46,7 @@ mod types;
 mod version;
 mod vlog;
 
+pub use conditional::{Room, SMALL_REPLACEMENT};
 pub use db::{BatchOp, Db, Snapshot};
 pub use error::{Error, Result};
 pub use getsplit::{GetStart, PendingGet};

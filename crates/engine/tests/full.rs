@@ -210,3 +210,75 @@ fn random_overwrites_of_a_mostly_full_device_are_accepted() {
         );
     }
 }
+
+/// On a device full to its reserve, a conditional batch that replaces a
+/// small record with one no larger (`Room::SmallReplacements`: a lease
+/// renewed) is still written, many times over; the same batch as an
+/// ordinary write, a new key, or a large value is refused (until a
+/// replacement opened a segment of the reserve, where small writes fit
+/// like any others). An adapter whose
+/// lease lapsed on a full node refused the very TRIMs that make room.
+#[test]
+fn small_replacements_are_written_on_a_full_device() {
+    let dev = nand(8, engine::flash::LossMode::AllUnsynced);
+    let db = open(&dev, &small_opts());
+    let lease = b"lease".to_vec();
+    let record = |n: u32| format!("owner adapter-1 expires {n:012}").into_bytes();
+    db.put(&lease, &record(0)).expect("first lease record");
+    let fill = |len: usize| {
+        let mut k = 0u32;
+        loop {
+            match db.put(&key(k + len as u32 * 1_000_000), &value_for(k, 1, len)) {
+                Ok(()) => k += 1,
+                Err(Error::NoSpace) => return k,
+                Err(e) => panic!("filling with {len} B values: {e}"),
+            }
+        }
+    };
+    assert!(fill(16 << 10) > 10, "large values");
+    // The open segment's last bytes too.
+    fill(100);
+    let renew = |room: engine::Room, key: &[u8], value: Vec<u8>| {
+        db.write_batch_if_in(
+            &[engine::BatchOp::Put(key.to_vec().into(), value.into())],
+            room,
+            |_, _| Ok(true),
+        )
+    };
+    assert!(
+        matches!(
+            renew(engine::Room::Ordinary, &lease, record(1)),
+            Err(Error::NoSpace)
+        ),
+        "an ordinary conditional write on a full device"
+    );
+    assert!(
+        matches!(
+            renew(engine::Room::SmallReplacements, b"new-key", record(1)),
+            Err(Error::NoSpace)
+        ),
+        "a new key is not a replacement"
+    );
+    assert!(
+        matches!(
+            renew(
+                engine::Room::SmallReplacements,
+                &lease,
+                vec![7; engine::SMALL_REPLACEMENT + 1]
+            ),
+            Err(Error::NoSpace)
+        ),
+        "a value over the limit"
+    );
+    for n in 1..=200 {
+        assert_eq!(
+            renew(engine::Room::SmallReplacements, &lease, record(n))
+                .unwrap_or_else(|e| panic!("renewal {n} on a full device: {e}")),
+            vec![true]
+        );
+    }
+    assert_eq!(
+        db.get(&lease).expect("get").as_deref(),
+        Some(&record(200)[..])
+    );
+}

@@ -161,11 +161,20 @@ fn full_device_answers_nospace_and_keeps_serving_reads() {
 /// The cluster's versioned deletes (`VDEL`, what every adapter's delete
 /// or TRIM becomes) are accepted on a device full of live data, as plain
 /// DELs are, and free it: after deleting three quarters, new versioned
-/// writes are accepted again within a bounded time.
+/// writes are accepted again within a bounded time. Meanwhile an adapter's
+/// lease stays renewable: a `VCAS` replacing a small record with one no
+/// larger is written on the full device (an adapter whose lease lapsed
+/// refused the TRIMs that make room), where the same record as a `VSET`
+/// is refused.
 #[test]
-fn versioned_deletes_free_a_full_device() {
+fn versioned_deletes_and_lease_renewals_work_on_a_full_device() {
     let n = Node::start(&["--capacity", "64M"]);
     let mut c = BufReader::new(n.connect());
+    let lease = |n: u64| format!("owner adapter-1 expires {n:012}").into_bytes();
+    assert_eq!(
+        call(&mut c, &[b"VSET", b"lease:vol", b"1", &lease(1)]),
+        Resp::Int(1)
+    );
     let value = vec![b'v'; 256 << 10];
     let mut stored = 0u32;
     loop {
@@ -192,6 +201,26 @@ fn versioned_deletes_free_a_full_device() {
             }
             assert!(j < 100_000, "{size}-byte values never filled the device");
         }
+    }
+    match call(&mut c, &[b"VSET", b"lease:vol", b"2", &lease(2)]) {
+        Resp::Error(e) => assert!(e.starts_with("ERR NOSPACE"), "{e}"),
+        other => panic!("a VSET on a full device: {other:?}"),
+    }
+    for v in 2..50u64 {
+        let (expected, version) = ((v - 1).to_string(), v.to_string());
+        let renewal: [&[u8]; 6] = [
+            b"VCAS",
+            b"lease:vol",
+            expected.as_bytes(),
+            version.as_bytes(),
+            b"SET",
+            &lease(v),
+        ];
+        assert_eq!(
+            call(&mut c, &renewal),
+            Resp::Int(1),
+            "lease renewal {v} on a full device"
+        );
     }
     for i in (0..stored).filter(|i| i % 4 != 0) {
         let key = format!("vfull:{i:04}");

@@ -111,11 +111,15 @@ pub fn vcas(state: &NodeState, args: &[Bytes]) -> engine::Result<Reply> {
         body: copy.body,
     };
     let _shared = state.write_order.read();
-    let written = state
-        .db
-        .write_batch_if(std::slice::from_ref(&op), |_, current| {
-            Ok(stored_version(current)? == expected)
-        })?;
+    // A compare-and-set of a small record (a lease renewed, a volume's or
+    // file system's metadata) stays possible on a full device: an adapter
+    // whose lease could not be renewed would refuse the TRIMs and unlinks
+    // that make room.
+    let written = state.db.write_batch_if_in(
+        std::slice::from_ref(&op),
+        engine::Room::SmallReplacements,
+        |_, current| Ok(stored_version(current)? == expected),
+    )?;
     Ok(Reply::Integer(i64::from(written.first() == Some(&true))))
 }
 
