@@ -228,7 +228,8 @@ fn small_replacements_are_written_on_a_full_device() {
     let fill = |len: usize| {
         let mut k = 0u32;
         loop {
-            match db.put(&key(k + len as u32 * 1_000_000), &value_for(k, 1, len)) {
+            // Each size its own key range.
+            match db.put(&key(k + len as u32 % 1000 * 100_000), &value_for(k, 1, len)) {
                 Ok(()) => k += 1,
                 Err(Error::NoSpace) => return k,
                 Err(e) => panic!("filling with {len} B values: {e}"),
