@@ -237,8 +237,10 @@ fn small_replacements_are_written_on_a_full_device() {
         }
     };
     assert!(fill(16 << 10) > 10, "large values");
-    // The open segment's last bytes too.
+    // The open segment's last bytes too, with records smaller than the
+    // lease's.
     fill(100);
+    fill(16);
     let renew = |room: engine::Room, key: &[u8], value: Vec<u8>| {
         db.write_batch_if_in(
             &[engine::BatchOp::Put(key.to_vec().into(), value.into())],

@@ -191,7 +191,7 @@ fn versioned_deletes_and_lease_renewals_work_on_a_full_device() {
     assert!(stored > 10, "only {stored} values fit");
     // Then smaller values until not even those fit: the log's open
     // segment has no room left for a tombstone either.
-    for (size, tag) in [(4096usize, "s"), (64, "t")] {
+    for (size, tag) in [(4096usize, "s"), (64, "t"), (8, "u")] {
         let small = vec![b'w'; size];
         for j in 0.. {
             let key = format!("vfill:{tag}{j}");
