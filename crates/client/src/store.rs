@@ -250,6 +250,8 @@ pub struct MemStore {
     /// Writes still allowed before every write fails (a crash or an
     /// unreachable cluster halfway through a change); `None`: unlimited.
     writes_left: Mutex<Option<u64>>,
+    /// Writes fail as a full node refuses them ([`MemStore::refuse_writes_as_full`]).
+    full: std::sync::atomic::AtomicBool,
     /// Losses of acknowledged writes modelled so far
     /// ([`MemStore::lose_unsynced_writes`]).
     losses: AtomicU64,
@@ -286,8 +288,20 @@ impl MemStore {
         *self.writes_left.lock() = n;
     }
 
+    /// From now on (until called with `false`), fails every write the way
+    /// a node whose device is full refuses it (`NOSPACE`).
+    pub fn refuse_writes_as_full(&self, full: bool) {
+        self.full.store(full, Ordering::Relaxed);
+    }
+
     /// Counts one write against [`MemStore::fail_writes_after`].
     fn admit_write(&self) -> Result<()> {
+        if self.full.load(Ordering::Relaxed) {
+            return Err(crate::ClientError::Server {
+                node: "memstore".into(),
+                message: "NOSPACE device full (injected)".into(),
+            });
+        }
         match &mut *self.writes_left.lock() {
             Some(0) => Err(crate::ClientError::Unavailable(
                 "injected: the store refuses writes".into(),

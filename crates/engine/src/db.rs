@@ -708,7 +708,11 @@ impl DbInner {
     ) -> Result<T> {
         let deadline = std::time::Instant::now() + NOSPACE_WAIT;
         loop {
-            match append() {
+            let appended = append();
+            if let Err(Error::NoSpace | Error::HostFull(_)) = &appended {
+                self.signal.want_space();
+            }
+            match appended {
                 Err(e)
                     if self.out_of_segments(&e, deletes)
                         && self.opts.background

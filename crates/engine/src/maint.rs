@@ -90,6 +90,10 @@ pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
 /// device is nearly full the work that makes room (GC and the flush that
 /// completes it) always finds a segment: compaction and defragmentation stop
 /// first, then ordinary flushes, and GC's own flush may use the last one.
+/// Memtable entries from which a flush is due whenever space is low (see
+/// [`DbInner::flush_releases`]).
+const LOW_SPACE_FLUSH_ENTRIES: usize = 256;
+
 pub(crate) mod kt_reserve {
     /// Compaction and keytable defragmentation (optional work).
     pub const OPTIONAL: u32 = 2;
@@ -190,10 +194,12 @@ impl DbInner {
             // Opening could not write its checkpoint (host full): first of all.
             self.flush_locked(&mut st, kt_reserve::FLUSH)?;
         }
+        let space_wanted = self.signal.take_space_wanted();
         for _ in 0..1000 {
             let mut did = false;
             let space_low = self.space_low();
-            let flush_due = self.memtable_full() || (space_low && !self.sv.read().mem.is_empty());
+            let flush_due =
+                self.memtable_full() || (space_low && self.flush_releases(space_wanted));
             // Short of space the flush comes first: it releases what GC freed.
             if flush_due && !space_low && self.l1_backlogged() && self.compact_one(&mut st)? {
                 continue;
@@ -219,6 +225,19 @@ impl DbInner {
             self.checkpoint(&mut st)?;
         }
         Ok(())
+    }
+
+    /// Whether a flush before the memtable is full is worth it when space
+    /// is low, for what the flush and the merge it brings release: when a
+    /// writer was refused for want of space and the memtable holds
+    /// anything, or when it holds at least [`LOW_SPACE_FLUSH_ENTRIES`]
+    /// (a trim's or a delete run's tombstones). Not for a few small
+    /// writes nobody waits behind: an adapter renewing its lease every 5 s
+    /// on a full node made each renewal a flush and a merge of L1, 26 MB/s
+    /// of keytable writes on an idle device.
+    fn flush_releases(&self, space_wanted: bool) -> bool {
+        let mem = self.sv.read().mem.clone();
+        !mem.is_empty() && (space_wanted || mem.len() >= LOW_SPACE_FLUSH_ENTRIES)
     }
 
     /// Whether flushing is ahead of compaction: [`MAX_RUNS`] flushed runs,

@@ -1,5 +1,6 @@
 //! How writers and the maintenance thread signal each other: writers raise
-//! a wake flag when there is work (a full memtable, low space), the
+//! a wake flag when there is work (a full memtable, low space) and say when
+//! one was refused for want of space, the
 //! maintenance thread announces each finished flush (and its own failure)
 //! to writers waiting for room, and closing raises the stop flag every
 //! background thread polls.
@@ -20,6 +21,9 @@ pub(crate) struct MaintSignal {
     work: Condvar,
     flushed: Condvar,
     stopping: AtomicBool,
+    /// Raised by [`MaintSignal::want_space`], cleared when maintenance
+    /// takes it.
+    space_wanted: AtomicBool,
 }
 
 impl MaintSignal {
@@ -29,7 +33,20 @@ impl MaintSignal {
             work: Condvar::new(),
             flushed: Condvar::new(),
             stopping: AtomicBool::new(false),
+            space_wanted: AtomicBool::new(false),
         }
+    }
+
+    /// A writer was refused for want of space: maintenance should release
+    /// what it can now, however little the memtable holds, and look soon.
+    pub(crate) fn want_space(&self) {
+        self.space_wanted.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    /// Maintenance: whether a writer wanted space since the last call.
+    pub(crate) fn take_space_wanted(&self) -> bool {
+        self.space_wanted.swap(false, Ordering::AcqRel)
     }
 
     /// Tells maintenance there is work. Wakes coalesce: many before one

@@ -28,7 +28,7 @@ use std::time::Duration;
 use client::Store;
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::{FsError, Result};
+use crate::error::{Errno, FsError, Result};
 
 /// Whether the writer may write now (the mount's lease, see
 /// `FileSystem::write_permit`).
@@ -70,8 +70,9 @@ struct State {
     /// Changes queued so far, and of those written.
     queued: u64,
     written: u64,
-    /// Why the last batch failed, until one succeeds.
-    failing: Option<String>,
+    /// Why the last batch failed, until one succeeds, and the errno its
+    /// waiters answer (ENOSPC for a full cluster, else EIO).
+    failing: Option<(String, i32)>,
     /// Attempts to write started so far, and the last one that failed (a
     /// waiter fails on an attempt that started after it arrived).
     attempts: u64,
@@ -133,8 +134,9 @@ impl WriteBehind {
         self.work.notify_one();
         let outcome = loop {
             let failed = s.lease_lost || s.failed_attempt > seen;
-            if let Some(why) = s.failing.as_ref().filter(|_| failed) {
-                break Err(FsError::Refused(format!("metadata not yet written: {why}")).into_io());
+            if let Some((why, errno)) = s.failing.as_ref().filter(|_| failed) {
+                tracing::warn!(error = %why, errno, "metadata not yet written: failing a request");
+                break Err(FsError::Posix(Errno(*errno)));
             }
             if s.written >= target {
                 break Ok(());
@@ -219,13 +221,17 @@ impl WriteBehind {
                             dropped = true;
                             break;
                         }
-                        Permit::Wait => Err(
+                        Permit::Wait => Err((
                             "the mount's lease is not confirmed (its nodes do not answer)"
                                 .to_string(),
-                        ),
-                        Permit::Write => store
-                            .write_atomic_durable(&write_ops(&batch))
-                            .map_err(|e| e.to_string()),
+                            libc::EIO,
+                        )),
+                        Permit::Write => {
+                            store.write_atomic_durable(&write_ops(&batch)).map_err(|e| {
+                                let e = FsError::from(e);
+                                (e.to_string(), e.errno())
+                            })
+                        }
                     };
                     match outcome {
                         Ok(()) => break,
@@ -234,12 +240,12 @@ impl WriteBehind {
                             // while it lasts (waiters make the writer retry).
                             let repeat = last_logged.as_ref().is_some_and(
                                 |(why, at): &(String, std::time::Instant)| {
-                                    *why == e && at.elapsed() < Duration::from_secs(10)
+                                    *why == e.0 && at.elapsed() < Duration::from_secs(10)
                                 },
                             );
                             if !repeat {
-                                tracing::error!(error = %e, "cannot write metadata changes; retrying");
-                                last_logged = Some((e.clone(), std::time::Instant::now()));
+                                tracing::error!(error = %e.0, "cannot write metadata changes; retrying");
+                                last_logged = Some((e.0.clone(), std::time::Instant::now()));
                             }
                             let mut s = self.state.lock();
                             s.failing = Some(e);
@@ -265,9 +271,12 @@ impl WriteBehind {
             }
             s.written = upto;
             s.lease_lost |= dropped;
-            s.failing = s
-                .lease_lost
-                .then(|| "the mount lost its lease; changes were dropped".to_string());
+            s.failing = s.lease_lost.then(|| {
+                (
+                    "the mount lost its lease; changes were dropped".to_string(),
+                    libc::EIO,
+                )
+            });
             self.progress.notify_all();
         }
     }
@@ -414,12 +423,16 @@ mod tests {
         );
         assert_eq!(store.get(b"k").ok().flatten().as_deref(), Some(&b"v"[..]));
         // While the store keeps failing, a waiter gets the error of the
-        // try it asked for.
+        // try it asked for: EIO, or ENOSPC from a full cluster (an `fsync`
+        // on a full node said EIO).
         store.fail_writes_after(Some(0));
         wb.push(vec![(b"k".to_vec(), None)]);
-        assert!(wb.settle().is_err());
-        wb.stop();
+        assert_eq!(wb.settle().map_err(|e| e.errno()).err(), Some(libc::EIO));
         store.fail_writes_after(None);
+        store.refuse_writes_as_full(true);
+        assert_eq!(wb.settle().map_err(|e| e.errno()).err(), Some(libc::ENOSPC));
+        wb.stop();
+        store.refuse_writes_as_full(false);
         writer.join().expect("writer");
     }
 
