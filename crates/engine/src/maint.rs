@@ -86,14 +86,14 @@ type BuiltRun = (Vec<Arc<Keytable>>, Vec<crate::types::ValuePtr>);
 /// Flash segment kind tag for keytable segments.
 pub const SEGMENT_KIND_KEYTABLE: u8 = 2;
 
-/// Free segments each kind of keytable write must leave, so that when the
-/// device is nearly full the work that makes room (GC and the flush that
-/// completes it) always finds a segment: compaction and defragmentation stop
-/// first, then ordinary flushes, and GC's own flush may use the last one.
 /// Memtable entries from which a flush is due whenever space is low (see
 /// [`DbInner::flush_releases`]).
 const LOW_SPACE_FLUSH_ENTRIES: usize = 256;
 
+/// Free segments each kind of keytable write must leave, so that when the
+/// device is nearly full the work that makes room (GC and the flush that
+/// completes it) always finds a segment: compaction and defragmentation stop
+/// first, then ordinary flushes, and GC's own flush may use the last one.
 pub(crate) mod kt_reserve {
     /// Compaction and keytable defragmentation (optional work).
     pub const OPTIONAL: u32 = 2;
