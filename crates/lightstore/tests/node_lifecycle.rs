@@ -176,31 +176,24 @@ fn versioned_deletes_and_lease_renewals_work_on_a_full_device() {
         Resp::Int(1)
     );
     let value = vec![b'v'; 256 << 10];
-    let mut stored = 0u32;
-    loop {
-        let key = format!("vfull:{stored:04}");
-        match call(&mut c, &[b"VSET", key.as_bytes(), b"1", &value]) {
-            Resp::Error(e) => {
-                assert!(e.starts_with("ERR NOSPACE"), "{e}");
-                break;
-            }
-            _ => stored += 1,
-        }
-        assert!(stored < 1000, "a 64 MiB device never filled up");
-    }
+    let vset = |key: String, value: &[u8]| {
+        vec![
+            b"VSET".to_vec(),
+            key.into_bytes(),
+            b"1".to_vec(),
+            value.to_vec(),
+        ]
+    };
+    let (stored, e) = until_refused(&mut c, 0, |i| vset(format!("vfull:{i:04}"), &value));
+    assert!(e.starts_with("ERR NOSPACE"), "{e}");
     assert!(stored > 10, "only {stored} values fit");
     // Then smaller values until not even those fit: the log's open
-    // segment has no room left for a tombstone either.
+    // segment has no room left for a tombstone, nor for the lease record
+    // as a VSET.
     for (size, tag) in [(4096usize, "s"), (64, "t"), (8, "u")] {
         let small = vec![b'w'; size];
-        for j in 0.. {
-            let key = format!("vfill:{tag}{j}");
-            if let Resp::Error(e) = call(&mut c, &[b"VSET", key.as_bytes(), b"1", &small]) {
-                assert!(e.starts_with("ERR NOSPACE"), "{e}");
-                break;
-            }
-            assert!(j < 100_000, "{size}-byte values never filled the device");
-        }
+        let (_, e) = until_refused(&mut c, 0, |j| vset(format!("vfill:{tag}{j}"), &small));
+        assert!(e.starts_with("ERR NOSPACE"), "{size}-byte values: {e}");
     }
     match call(&mut c, &[b"VSET", b"lease:vol", b"2", &lease(2)]) {
         Resp::Error(e) => assert!(e.starts_with("ERR NOSPACE"), "{e}"),
@@ -228,20 +221,11 @@ fn versioned_deletes_and_lease_renewals_work_on_a_full_device() {
             panic!("VDEL {key} on a full device: {e}");
         }
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match call(&mut c, &[b"VSET", b"vfull:new", b"1", &value]) {
-            Resp::Error(e) if e.starts_with("ERR NOSPACE") => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "no room after the deletes: {e}"
-                );
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Resp::Error(e) => panic!("VSET after the deletes: {e}"),
-            _ => break,
-        }
-    }
+    when_room(
+        &mut c,
+        &[b"VSET", b"vfull:new", b"1", &value],
+        Duration::from_secs(30),
+    );
     for i in (0..stored).step_by(4) {
         let key = format!("vfull:{i:04}");
         assert!(
@@ -313,15 +297,29 @@ fn set_until_refused(
     from: usize,
     value: &[u8],
 ) -> (usize, String) {
+    until_refused(c, from, |key| {
+        let key = format!("{prefix}:{key:05}");
+        vec![b"SET".to_vec(), key.into_bytes(), value.to_vec()]
+    })
+}
+
+/// The writes `request(i)` for `i` from `from` until one is refused (any
+/// error reply); the index of the refused one and the refusal.
+fn until_refused(
+    c: &mut BufReader<std::net::TcpStream>,
+    from: usize,
+    request: impl Fn(usize) -> Vec<Vec<u8>>,
+) -> (usize, String) {
     for i in from..from + 100_000 {
-        let key = format!("{prefix}:{i:05}");
-        match call(c, &[b"SET", key.as_bytes(), value]) {
-            Resp::Simple(s) if s == "OK" => {}
+        let args = request(i);
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        match call(c, &args) {
             Resp::Error(e) => return (i, e),
-            other => panic!("SET {key}: {other:?}"),
+            Resp::Simple(_) | Resp::Int(_) => {}
+            other => panic!("write {i}: {other:?}"),
         }
     }
-    panic!("nothing filled up after 100000 SETs");
+    panic!("nothing filled up after 100000 writes");
 }
 
 /// The engine section's `host_full` field of INFO.
@@ -490,10 +488,16 @@ fn set_when_room(
     value: &[u8],
     limit: Duration,
 ) {
+    when_room(c, &[b"SET", key, value], limit)
+}
+
+/// Sends the write `args` until it is taken, for at most `limit`, while it
+/// is refused with NOSPACE.
+fn when_room(c: &mut BufReader<std::net::TcpStream>, args: &[&[u8]], limit: Duration) {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        match call(c, &[b"SET", key, value]) {
-            Resp::Simple(s) if s == "OK" => return,
+        match call(c, args) {
+            Resp::Simple(_) | Resp::Int(_) => return,
             Resp::Error(e) if std::time::Instant::now() < deadline => {
                 assert!(e.starts_with("ERR NOSPACE"), "{e}");
                 std::thread::sleep(Duration::from_millis(50));
