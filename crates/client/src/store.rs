@@ -8,7 +8,7 @@
 //! `sync` returns once every write that returned before it is durable.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -251,7 +251,7 @@ pub struct MemStore {
     /// unreachable cluster halfway through a change); `None`: unlimited.
     writes_left: Mutex<Option<u64>>,
     /// Writes fail as a full node refuses them ([`MemStore::refuse_writes_as_full`]).
-    full: std::sync::atomic::AtomicBool,
+    full: AtomicBool,
     /// Losses of acknowledged writes modelled so far
     /// ([`MemStore::lose_unsynced_writes`]).
     losses: AtomicU64,

@@ -236,7 +236,7 @@ impl DbInner {
     /// on a full node made each renewal a flush and a merge of L1, 26 MB/s
     /// of keytable writes on an idle device.
     fn flush_releases(&self, space_wanted: bool) -> bool {
-        let mem = self.sv.read().mem.clone();
+        let mem = &self.sv.read().mem;
         !mem.is_empty() && (space_wanted || mem.len() >= LOW_SPACE_FLUSH_ENTRIES)
     }
 

@@ -39,13 +39,6 @@ pub fn posix<T>(code: i32) -> Result<T> {
 }
 
 impl FsError {
-    /// This error as an I/O error for the caller (EIO), keeping its text
-    /// in the log.
-    pub fn into_io(self) -> FsError {
-        tracing::warn!(error = %self, "failing a request with EIO");
-        FsError::Posix(Errno(libc::EIO))
-    }
-
     /// The errno a request failing this way answers.
     pub fn errno(&self) -> i32 {
         match self {
