@@ -223,41 +223,24 @@ fn small_replacements_are_written_on_a_full_device() {
     let dev = nand(8, engine::flash::LossMode::AllUnsynced);
     let db = open(&dev, &small_opts());
     let lease = b"lease".to_vec();
-    let record = |n: u32| format!("owner adapter-1 expires {n:012}").into_bytes();
-    db.put(&lease, &record(0)).expect("first lease record");
-    let fill = |len: usize| {
-        let mut k = 0u32;
-        loop {
-            // Each size its own key range.
-            match db.put(&key(k + len as u32 % 1000 * 100_000), &value_for(k, 1, len)) {
-                Ok(()) => k += 1,
-                Err(Error::NoSpace) => return k,
-                Err(e) => panic!("filling with {len} B values: {e}"),
-            }
-        }
-    };
-    assert!(fill(16 << 10) > 10, "large values");
+    db.put(&lease, &lease_record(0))
+        .expect("first lease record");
+    assert!(fill_until_no_space(&db, 0, 16 << 10) > 10, "large values");
     // The open segment's last bytes too, with records smaller than the
     // lease's.
-    fill(100);
-    fill(16);
-    let renew = |room: engine::Room, key: &[u8], value: Vec<u8>| {
-        db.write_batch_if_in(
-            &[engine::BatchOp::Put(key.to_vec().into(), value.into())],
-            room,
-            |_, _| Ok(true),
-        )
-    };
+    fill_until_no_space(&db, 100_000, 100);
+    fill_until_no_space(&db, 200_000, 16);
+    let renew = |room, key: &[u8], value| write_if_room(&db, room, key, value);
     assert!(
         matches!(
-            renew(engine::Room::Ordinary, &lease, record(1)),
+            renew(engine::Room::Ordinary, &lease, lease_record(1)),
             Err(Error::NoSpace)
         ),
         "an ordinary conditional write on a full device"
     );
     assert!(
         matches!(
-            renew(engine::Room::SmallReplacements, b"new-key", record(1)),
+            renew(engine::Room::SmallReplacements, b"new-key", lease_record(1)),
             Err(Error::NoSpace)
         ),
         "a new key is not a replacement"
@@ -275,14 +258,14 @@ fn small_replacements_are_written_on_a_full_device() {
     );
     for n in 1..=200 {
         assert_eq!(
-            renew(engine::Room::SmallReplacements, &lease, record(n))
+            renew(engine::Room::SmallReplacements, &lease, lease_record(n))
                 .unwrap_or_else(|e| panic!("renewal {n} on a full device: {e}")),
             vec![true]
         );
     }
     assert_eq!(
         db.get(&lease).expect("get").as_deref(),
-        Some(&record(200)[..])
+        Some(&lease_record(200)[..])
     );
 }
 
@@ -296,24 +279,18 @@ fn small_writes_on_a_full_device_do_not_each_flush() {
     let dev = nand(8, engine::flash::LossMode::AllUnsynced);
     let db = open(&dev, &background_opts(engine::Durability::Sync));
     let lease = b"lease".to_vec();
-    let record = |n: u32| format!("owner adapter-1 expires {n:012}").into_bytes();
-    db.put(&lease, &record(0)).expect("first lease record");
-    let mut k = 0u32;
-    loop {
-        match db.put(&key(k), &value_for(k, 1, 16 << 10)) {
-            Ok(()) => k += 1,
-            Err(Error::NoSpace) => break,
-            Err(e) => panic!("filling: {e}"),
-        }
-    }
+    db.put(&lease, &lease_record(0))
+        .expect("first lease record");
+    fill_until_no_space(&db, 0, 16 << 10);
     // Maintenance has flushed what the refused writer waited for.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let flushes = db.stats().flushes;
     for n in 1..=10 {
-        let renewed = db.write_batch_if_in(
-            &[engine::BatchOp::Put(lease.clone().into(), record(n).into())],
+        let renewed = write_if_room(
+            &db,
             engine::Room::SmallReplacements,
-            |_, _| Ok(true),
+            &lease,
+            lease_record(n),
         );
         assert_eq!(renewed.expect("renewal on a full device"), vec![true]);
         // More than a maintenance round apart.
@@ -326,6 +303,39 @@ fn small_writes_on_a_full_device_do_not_each_flush() {
     );
     assert_eq!(
         db.get(&lease).expect("get").as_deref(),
-        Some(&record(10)[..])
+        Some(&lease_record(10)[..])
     );
+}
+
+/// A lease record as an adapter renews it (the same size each time).
+fn lease_record(n: u32) -> Vec<u8> {
+    format!("owner adapter-1 expires {n:012}").into_bytes()
+}
+
+/// Puts values of `len` bytes under keys from `first_key` until the
+/// device refuses one for want of space; how many it took.
+fn fill_until_no_space(db: &engine::Db, first_key: u32, len: usize) -> u32 {
+    let mut k = 0u32;
+    loop {
+        match db.put(&key(first_key + k), &value_for(k, 1, len)) {
+            Ok(()) => k += 1,
+            Err(Error::NoSpace) => return k,
+            Err(e) => panic!("filling with {len} B values: {e}"),
+        }
+    }
+}
+
+/// Writes `key` = `value` as a conditional batch that always holds,
+/// where `room` allows.
+fn write_if_room(
+    db: &engine::Db,
+    room: engine::Room,
+    key: &[u8],
+    value: Vec<u8>,
+) -> engine::Result<Vec<bool>> {
+    db.write_batch_if_in(
+        &[engine::BatchOp::Put(key.to_vec().into(), value.into())],
+        room,
+        |_, _| Ok(true),
+    )
 }
