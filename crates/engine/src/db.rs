@@ -627,10 +627,9 @@ impl DbInner {
             seq: Some(seq),
         };
         self.vlog.append(&[rec], reserve, |_, seq, ptr| {
-            self.sv
-                .read()
-                .mem
-                .insert(key, seq, Kind::Put, ptr, crate::tag::Tagging::of(value));
+            let mem = &self.sv.read().mem;
+            mem.insert(key, seq, Kind::Put, ptr, crate::tag::Tagging::of(value));
+            mem.note_relocated();
         })?;
         self.write_behind()
     }
@@ -717,6 +716,7 @@ impl DbInner {
                     if self.out_of_segments(&e, deletes)
                         && self.opts.background
                         && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
+                            || self.deep_pass_may_free()
                             || self.unmerged_writes_may_free()
                             || self.flash.pending_free_segments() > 0)
                         && std::time::Instant::now() < deadline
@@ -752,8 +752,14 @@ impl DbInner {
     /// maintenance flushes and merges what it holds (see
     /// [`Self::retry_while_gc_can_free`]).
     fn unmerged_writes_may_free(&self) -> bool {
-        let sv = self.sv.read();
-        !sv.mem.is_empty() || sv.imm.is_some() || sv.version.runs > 0
+        self.sv.read().imm.is_some() || self.pending_writes(true).1 > 0
+    }
+
+    /// Whether GC's deep pass (`gc.rs`) last found a segment to clean and
+    /// the free segments to relocate it into (see
+    /// [`Self::retry_while_gc_can_free`]).
+    fn deep_pass_may_free(&self) -> bool {
+        self.signal.deep_pass_possible()
     }
 
     /// Whether `free` segments is low, or the host file system is full
@@ -1189,6 +1195,7 @@ impl DbInner {
             compactions: Counters::get(&self.counters.compactions),
             compaction_bytes_written: Counters::get(&self.counters.compaction_bytes_written),
             gc_runs: Counters::get(&self.counters.gc_runs),
+            gc_deep_passes: Counters::get(&self.counters.gc_deep_passes),
             gc_segments_reclaimed: Counters::get(&self.counters.gc_segments_reclaimed),
             gc_bytes_relocated: Counters::get(&self.counters.gc_bytes_relocated),
             recluster_bytes: Counters::get(&self.counters.recluster_bytes),

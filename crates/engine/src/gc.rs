@@ -21,6 +21,11 @@ const KT_FLUSH_SLACK_PAGES: u64 = 8;
 /// Segments cleaned per pass at most.
 const MAX_VICTIMS_PER_PASS: usize = 4;
 
+/// The live fraction below which a deep pass ([`DbInner::deep_pass_due`])
+/// still cleans a segment: a tenth of it at least must be garbage, or the
+/// pass's relocation and flush cost more than writers gain.
+pub(crate) const DEEP_PASS_LIVE: f64 = 0.9;
+
 /// With [`crate::Options::lazy_gc`], space is roomy while at least this
 /// fraction of the device's segments is free ...
 const ROOMY_FREE_FRACTION: f64 = 0.5;
@@ -51,6 +56,11 @@ impl GcVictims {
         }
     }
 
+    /// Whether no cleaned segment waits for its flush or its release.
+    fn settled(&self) -> bool {
+        self.awaiting_flush.is_empty() && self.ready.is_empty()
+    }
+
     /// Whether `seg` is cleaned, releasable or pinned already.
     fn tracks(&self, seg: &SegmentId) -> bool {
         self.awaiting_flush.contains(seg) || self.ready.contains(seg) || self.pinned.contains(seg)
@@ -77,7 +87,6 @@ impl DbInner {
     }
 
     pub(crate) fn gc_locked(&self, st: &mut MaintState, force: bool) -> Result<usize> {
-        let current = self.vlog.current_segment();
         let snapshots = self.snapshot_seqs();
         st.gc.unpin_unless(snapshots);
         let low_space = self.space_low();
@@ -94,40 +103,25 @@ impl DbInner {
         } else {
             self.opts.gc_live_threshold
         };
-        let mut victims: Vec<(SegmentId, SegMeta, f64)> = self
-            .vlog
-            .segments()
-            .into_iter()
-            .filter(|(seg, m)| {
-                *seg != current && m.sealed && m.epoch < st.replay.epoch && !st.gc.tracks(seg)
-            })
-            .map(|(seg, m)| {
-                let live = m.live_fraction();
-                (seg, m, live)
-            })
-            .filter(|(_, m, live)| *live < threshold && m.live_bytes < m.written_bytes)
-            .collect();
-        victims.sort_by(|a, b| a.2.total_cmp(&b.2));
-        victims.truncate(MAX_VICTIMS_PER_PASS);
-        // The victims' live bytes together must fit where relocation may
-        // write: a pass that ran out of space mid-way left its relocations
-        // in the memtable with no segment for the flush that releases
-        // anything (four victims on a small, mostly live device did).
-        let reserve = self.relocation_reserve(st);
-        let mut room = self.relocation_room(reserve);
-        victims.retain(|(_, m, _)| {
-            let fits = m.live_bytes <= room;
-            if fits {
-                room -= m.live_bytes;
+        let mut reserve = self.relocation_reserve(st);
+        let mut victims = self.victims(st, threshold, MAX_VICTIMS_PER_PASS, reserve);
+        let mut deep_possible = false;
+        if low_space && !force {
+            let deep_reserve = self.deep_pass_reserve(reserve);
+            let deep = self.victims(st, DEEP_PASS_LIVE, 1, deep_reserve);
+            deep_possible = !deep.is_empty();
+            if victims.is_empty() && deep_possible && self.deep_pass_due(st) {
+                Counters::add(&self.counters.gc_deep_passes, 1);
+                (reserve, victims) = (deep_reserve, deep);
             }
-            fits
-        });
+        }
+        self.signal.set_deep_pass_possible(deep_possible);
         if victims.is_empty() {
             return Ok(0);
         }
         Counters::add(&self.counters.gc_runs, 1);
         let mut cleaned = 0;
-        for (seg, meta, _) in &victims {
+        for (seg, meta) in &victims {
             if self.gc_segment(*seg, meta, reserve)? {
                 st.gc.awaiting_flush.push(*seg);
                 cleaned += 1;
@@ -142,6 +136,72 @@ impl DbInner {
         // can be released by the flush's checkpoint.
         self.flush_locked(st, crate::maint::kt_reserve::GC_FLUSH)?;
         Ok(cleaned)
+    }
+
+    /// Up to `max` sealed segments less live than `threshold`, least live
+    /// first, whose live bytes together fit where relocation with `reserve`
+    /// may write: a pass that ran out of space mid-way left its relocations
+    /// in the memtable with no segment for the flush that releases anything
+    /// (four victims on a small, mostly live device did).
+    fn victims(
+        &self,
+        st: &MaintState,
+        threshold: f64,
+        max: usize,
+        reserve: Reserve,
+    ) -> Vec<(SegmentId, SegMeta)> {
+        let current = self.vlog.current_segment();
+        let mut victims: Vec<(SegmentId, SegMeta)> = self
+            .vlog
+            .segments()
+            .into_iter()
+            .filter(|(seg, m)| {
+                *seg != current
+                    && m.sealed
+                    && m.epoch < st.replay.epoch
+                    && !st.gc.tracks(seg)
+                    && m.live_fraction() < threshold
+                    && m.live_bytes < m.written_bytes
+            })
+            .collect();
+        victims.sort_by(|a, b| a.1.live_fraction().total_cmp(&b.1.live_fraction()));
+        victims.truncate(max);
+        let mut room = self.relocation_room(reserve);
+        victims.retain(|(_, m)| {
+            let fits = m.live_bytes <= room;
+            if fits {
+                room -= m.live_bytes;
+            }
+            fits
+        });
+        victims
+    }
+
+    /// Whether a deep pass may run: space is short, every segment is too
+    /// live for the low-space threshold (random overwrites spread garbage
+    /// evenly: a block volume filling three quarters of its node's device
+    /// left every segment ~80 % live, and writes failed with a sixth of the
+    /// log garbage), and nothing cheaper can release space — the writes
+    /// waiting in the memtables and runs are not worth a merge yet
+    /// (`lowspace.rs`; cleaning first would relocate values about to die),
+    /// and no segment cleaned or released earlier waits to be freed.
+    pub(crate) fn deep_pass_due(&self, st: &MaintState) -> bool {
+        self.sv.read().imm.is_none()
+            && st.gc.settled()
+            && self.flash.pending_free_segments() == 0
+            && !self.low_space_merge_due(true)
+    }
+
+    /// Where a deep pass relocates: never into the segments a merge needs
+    /// ([`crate::maint::kt_reserve::OPTIONAL`]), nor into the one the flush
+    /// completing the pass needs when the keytable segment has no room for
+    /// it. With the victim released the pass ends with at least that many
+    /// segments free plus one: merges can still run, and the next pass.
+    /// (Relocating into the last free segments wedged a small, overfull
+    /// device: its merges could never run again.)
+    fn deep_pass_reserve(&self, gc_reserve: Reserve) -> Reserve {
+        let flush = u32::from(gc_reserve != Reserve::InternalLast);
+        Reserve::LeaveFree(crate::maint::kt_reserve::OPTIONAL + flush)
     }
 
     /// How far GC relocation may dip into the free segments: all but the
@@ -172,15 +232,19 @@ impl DbInner {
     }
 
     /// The live bytes a pass's victims may have together: what the free
-    /// segments `reserve` lets relocation use hold, less half a segment for
-    /// the open segment's end and the records' framing.
+    /// segments `reserve` lets relocation use hold, less a margin for the
+    /// records' framing and the end of each segment (a record never
+    /// spans two): half a segment for ordinary passes, an eighth for a
+    /// deep pass, whose single victim is at most [`DEEP_PASS_LIVE`] live.
     fn relocation_room(&self, reserve: Reserve) -> u64 {
-        let usable = match reserve {
-            Reserve::InternalLast => self.flash.free_segments(),
-            _ => self.flash.free_segments().saturating_sub(1),
-        };
+        let free = self.flash.free_segments();
         let segment_bytes = self.flash.geometry().segment_bytes();
-        (u64::from(usable) * segment_bytes).saturating_sub(segment_bytes / 2)
+        let (usable, margin) = match reserve {
+            Reserve::InternalLast => (free, segment_bytes / 2),
+            Reserve::LeaveFree(keep) => (free.saturating_sub(keep), segment_bytes / 8),
+            _ => (free.saturating_sub(1), segment_bytes / 2),
+        };
+        (u64::from(usable) * segment_bytes).saturating_sub(margin)
     }
 
     /// At least [`ROOMY_FREE_FRACTION`] of the device's segments are free.

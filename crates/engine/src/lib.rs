@@ -25,6 +25,7 @@ mod getsplit;
 mod iter;
 mod keytable;
 mod ktwriter;
+mod lowspace;
 mod maint;
 mod manifest;
 mod memindex;

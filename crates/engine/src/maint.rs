@@ -228,16 +228,17 @@ impl DbInner {
     }
 
     /// Whether a flush before the memtable is full is worth it when space
-    /// is low, for what the flush and the merge it brings release: when a
-    /// writer was refused for want of space and the memtable holds
-    /// anything, or when it holds at least [`LOW_SPACE_FLUSH_ENTRIES`]
-    /// (a trim's or a delete run's tombstones). Not for a few small
-    /// writes nobody waits behind: an adapter renewing its lease every 5 s
-    /// on a full node made each renewal a flush and a merge of L1, 26 MB/s
-    /// of keytable writes on an idle device.
+    /// is low, for what the flush and the merge it brings release: the
+    /// memtable holds writes or deletes worth a merge (`lowspace.rs`), and
+    /// a writer was refused for want of space or it holds at least
+    /// [`LOW_SPACE_FLUSH_ENTRIES`] (a trim's or a delete run's
+    /// tombstones). Not for a few small writes nobody waits behind: an
+    /// adapter renewing its lease every 5 s on a full node made each
+    /// renewal a flush and a merge of L1, 26 MB/s of keytable writes on an
+    /// idle device. Not for GC's relocations, which hide nothing.
     fn flush_releases(&self, space_wanted: bool) -> bool {
-        let mem = &self.sv.read().mem;
-        !mem.is_empty() && (space_wanted || mem.len() >= LOW_SPACE_FLUSH_ENTRIES)
+        let entries = self.sv.read().mem.len();
+        (space_wanted || entries >= LOW_SPACE_FLUSH_ENTRIES) && self.low_space_merge_due(true)
     }
 
     /// Whether flushing is ahead of compaction: [`MAX_RUNS`] flushed runs,
@@ -325,8 +326,10 @@ impl DbInner {
         };
         let mut levels = version.levels.clone();
         let mut runs = version.runs;
+        let mut run_writes = version.run_writes;
         let mut released = Vec::new();
         if let Some(imm) = imm.filter(|m| !m.is_empty()) {
+            run_writes += imm.writes() as u64;
             let sources: Vec<EntryIter<'_>> = vec![Box::new(imm.iter_from(&[]).map(Ok))];
             let bottom = levels.iter().all(|l| l.is_empty());
             let (out, dropped) =
@@ -337,7 +340,12 @@ impl DbInner {
             }
             released = dropped;
         }
-        self.install(levels, runs, true);
+        let next = Version {
+            levels,
+            runs,
+            run_writes: if runs > 0 { run_writes } else { 0 },
+        };
+        self.install(next, true);
         for ptr in released {
             self.vlog.release_value(ptr);
         }
@@ -374,8 +382,10 @@ impl DbInner {
 
     /// Merges the flushed runs into L1 once there are [`RUNS_TO_MERGE`] of
     /// them, else compacts one keytable of the first level over its size
-    /// limit (`shape::targets`) into the next level. Returns whether it did
-    /// anything.
+    /// limit (`shape::targets`) into the next level. Short of space the
+    /// runs are merged as soon as the writes among them are worth it
+    /// (`lowspace.rs`; runs of GC relocations release nothing), else only
+    /// at [`MAX_RUNS`]. Returns whether it did anything.
     pub(crate) fn compact_one(&self, st: &mut MaintState) -> Result<bool> {
         let version = self.sv.read().version.clone();
         let space_low = self.space_low();
@@ -383,7 +393,12 @@ impl DbInner {
             st.forced_compactions = 0;
         }
         let runs = version.runs;
-        if runs >= RUNS_TO_MERGE || (runs > 0 && space_low) {
+        let merge_due = if space_low {
+            runs >= MAX_RUNS || (runs > 0 && self.low_space_merge_due(false))
+        } else {
+            runs >= RUNS_TO_MERGE
+        };
+        if merge_due {
             if self.merge_runs(st, &version, Between::FlushWhenDue)? {
                 return Ok(true);
             }
@@ -456,7 +471,14 @@ impl DbInner {
         while levels.last().is_some_and(|l| l.is_empty()) {
             levels.pop();
         }
-        self.install_compaction(st, levels, flushed, released)?;
+        // Runs flushed during the merge may hold writes; the merged ones
+        // are gone.
+        let next = Version {
+            levels,
+            runs: flushed,
+            run_writes: now.run_writes.saturating_sub(version.run_writes),
+        };
+        self.install_compaction(st, next, released)?;
         Ok(true)
     }
 
@@ -500,7 +522,12 @@ impl DbInner {
             levels.pop();
         }
         st.compact_cursor[li] = kt.index.largest.clone();
-        self.install_compaction(st, levels, runs, released)?;
+        let next = Version {
+            levels,
+            runs,
+            run_writes: if runs > 0 { version.run_writes } else { 0 },
+        };
+        self.install_compaction(st, next, released)?;
         Ok(true)
     }
 
@@ -509,11 +536,10 @@ impl DbInner {
     fn install_compaction(
         &self,
         st: &mut MaintState,
-        levels: Vec<Vec<Arc<Keytable>>>,
-        runs: usize,
+        version: Version,
         released: Vec<crate::types::ValuePtr>,
     ) -> Result<()> {
-        self.install(levels, runs, false);
+        self.install(version, false);
         for ptr in released {
             self.vlog.release_value(ptr);
         }
@@ -521,17 +547,20 @@ impl DbInner {
         self.checkpoint(st)
     }
 
-    /// Makes `levels` (the first `runs` of them flushed runs) the current
-    /// version (dropping the frozen memtable when `flushed`) and re-splits
-    /// the DRAM budget over it.
-    fn install(&self, levels: Vec<Vec<Arc<Keytable>>>, runs: usize, flushed: bool) {
-        debug_assert!(runs <= levels.len() && levels[..runs].iter().all(|l| !l.is_empty()));
+    /// Makes `version` current (dropping the frozen memtable when
+    /// `flushed`) and re-splits the DRAM budget over it.
+    fn install(&self, version: Version, flushed: bool) {
+        debug_assert!(
+            version.runs <= version.levels.len()
+                && version.levels[..version.runs].iter().all(|l| !l.is_empty())
+        );
+        debug_assert!(version.runs > 0 || version.run_writes == 0);
         {
             let mut sv = self.sv.write();
             let next = SuperVersion {
                 mem: sv.mem.clone(),
                 imm: if flushed { None } else { sv.imm.clone() },
-                version: Arc::new(Version { levels, runs }),
+                version: Arc::new(version),
             };
             *sv = Arc::new(next);
         }
@@ -685,7 +714,12 @@ impl DbInner {
                 moved.push(std::mem::replace(slot, copy));
             }
         }
-        self.install(levels, version.runs, false);
+        let next = Version {
+            levels,
+            runs: version.runs,
+            run_writes: version.run_writes,
+        };
+        self.install(next, false);
         for old in &moved {
             old.moved.store(true, Ordering::Release);
         }

@@ -73,6 +73,8 @@ pub struct Memtable {
     keys: KeyArena,
     bytes: AtomicUsize,
     log_bytes: AtomicU64,
+    /// Versions inserted by GC relocation (see [`Self::writes`]).
+    relocated: AtomicUsize,
     leftovers: Arc<Leftovers>,
 }
 
@@ -103,6 +105,7 @@ impl Memtable {
             keys: KeyArena::default(),
             bytes: AtomicUsize::new(0),
             log_bytes: AtomicU64::new(0),
+            relocated: AtomicUsize::new(0),
             leftovers,
         }
     }
@@ -183,6 +186,21 @@ impl Memtable {
     /// True if nothing was inserted.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Counts the version just inserted as a GC relocation: the same
+    /// version at a new place, which hides nothing a merge could release.
+    pub fn note_relocated(&self) {
+        self.relocated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Versions inserted that were not GC relocations: writes and deletes,
+    /// whose merge with the levels below may release the values they hide.
+    /// Replayed relocations count as writes (replay does not tell them
+    /// apart), which only errs toward merging.
+    pub fn writes(&self) -> usize {
+        self.len()
+            .saturating_sub(self.relocated.load(Ordering::Relaxed))
     }
 }
 

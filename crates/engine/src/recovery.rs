@@ -212,9 +212,19 @@ pub(crate) fn open(device: Arc<dyn Device>, mut opts: Options) -> Result<DbInner
         sv: RwLock::new(Arc::new(SuperVersion {
             mem: Arc::new(mem),
             imm: None,
-            version: Arc::new(Version {
-                levels,
-                runs: manifest.runs as usize,
+            version: Arc::new({
+                let runs = manifest.runs as usize;
+                let run_writes = levels
+                    .iter()
+                    .take(runs)
+                    .flatten()
+                    .map(|kt| kt.index.entries)
+                    .sum();
+                Version {
+                    levels,
+                    runs,
+                    run_writes,
+                }
             }),
         })),
         visible_seq: AtomicU64::new(last_seq),

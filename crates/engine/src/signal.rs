@@ -2,8 +2,8 @@
 //! a wake flag when there is work (a full memtable, low space) and say when
 //! one was refused for want of space, the
 //! maintenance thread announces each finished flush (and its own failure)
-//! to writers waiting for room, and closing raises the stop flag every
-//! background thread polls.
+//! to writers waiting for room and whether GC could still clean a segment,
+//! and closing raises the stop flag every background thread polls.
 //!
 //! The flag and both notices share one mutex, so a writer that checks
 //! "still behind" and then waits holds it across the check: a flush notice
@@ -24,6 +24,9 @@ pub(crate) struct MaintSignal {
     /// Raised by [`MaintSignal::want_space`], cleared when maintenance
     /// takes it.
     space_wanted: AtomicBool,
+    /// Published by GC short of space: whether its deep pass (`gc.rs`)
+    /// found a segment to clean that fits the free segments.
+    deep_pass_possible: AtomicBool,
 }
 
 impl MaintSignal {
@@ -34,7 +37,19 @@ impl MaintSignal {
             flushed: Condvar::new(),
             stopping: AtomicBool::new(false),
             space_wanted: AtomicBool::new(false),
+            deep_pass_possible: AtomicBool::new(false),
         }
+    }
+
+    /// GC: whether a deep pass could clean a segment now.
+    pub(crate) fn set_deep_pass_possible(&self, possible: bool) {
+        self.deep_pass_possible.store(possible, Ordering::Release);
+    }
+
+    /// A writer refused for room: whether GC last found that a deep pass
+    /// could clean a segment (so waiting for it may give room).
+    pub(crate) fn deep_pass_possible(&self) -> bool {
+        self.deep_pass_possible.load(Ordering::Acquire)
     }
 
     /// A writer was refused for want of space: maintenance should release

@@ -14,6 +14,7 @@ pub struct Counters {
     pub(crate) compactions: AtomicU64,
     pub(crate) compaction_bytes_written: AtomicU64,
     pub(crate) gc_runs: AtomicU64,
+    pub(crate) gc_deep_passes: AtomicU64,
     pub(crate) gc_segments_reclaimed: AtomicU64,
     pub(crate) gc_bytes_relocated: AtomicU64,
     pub(crate) gc_bytes_scanned: AtomicU64,
@@ -79,6 +80,9 @@ pub struct Stats {
     pub compaction_bytes_written: u64,
     /// GC passes.
     pub gc_runs: u64,
+    /// GC passes that cleaned a segment too live for the low-space
+    /// threshold, once nothing cheaper could release space (`gc.rs`).
+    pub gc_deep_passes: u64,
     /// Value segments reclaimed by GC.
     pub gc_segments_reclaimed: u64,
     /// Bytes of live values GC re-inserted.

@@ -306,6 +306,12 @@ pub struct Version {
     /// keys that merge rewrote all of L1 per flush); compaction merges
     /// them all into L1 at once. `levels[runs]` is L1.
     pub runs: usize,
+    /// Writes and deletes in the flushed runs: entries that may hide a
+    /// version below, whose value their merge into L1 releases. GC
+    /// relocations hide nothing and are not counted (see `lowspace.rs`).
+    /// After a restart, every entry of the runs (the manifest does not
+    /// say).
+    pub run_writes: u64,
 }
 
 impl Version {

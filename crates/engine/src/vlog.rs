@@ -93,6 +93,9 @@ pub enum Reserve {
     /// GC relocation when the flush that completes GC needs no segment of
     /// its own (the keytable segment has room for it): may use the last.
     InternalLast,
+    /// GC relocation that leaves this many segments free (a deep pass,
+    /// `gc.rs`, leaves what merges need).
+    LeaveFree(u32),
 }
 
 /// One record to append.
@@ -287,6 +290,7 @@ impl ValueLog {
             // Leave the last segment for the flush that completes GC.
             Reserve::Internal => 1,
             Reserve::InternalLast => 0,
+            Reserve::LeaveFree(n) => n,
         };
         // While the host file system is full, the segments it still backs
         // are for the work that makes room (deletes, GC), not for new data.
@@ -1088,6 +1092,11 @@ impl ValueLog {
     /// Accounting of every log segment.
     pub fn segments(&self) -> BTreeMap<SegmentId, SegMeta> {
         self.segs.read().clone()
+    }
+
+    /// Live value bytes in all segments.
+    pub fn live_bytes(&self) -> u64 {
+        self.segs.read().values().map(|m| m.live_bytes).sum()
     }
 
     /// Whether a sealed segment is less than `max_live` live: one that GC

@@ -175,10 +175,18 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("dram_budget_bytes", &s.dram_budget_bytes);
             line("memtable_entries", &s.memtable_entries);
             line("memtable_runs", &s.memtable_runs);
+            line("flushed_runs", &s.flushed_runs);
+            let per_level: Vec<String> = s
+                .keytables_per_level
+                .iter()
+                .map(|n| n.to_string())
+                .collect();
+            line("keytables_per_level", &per_level.join(","));
             line("flushes", &s.flushes);
             line("flushes_during_merges", &s.flushes_during_merges);
             line("compactions", &s.compactions);
             line("gc_runs", &s.gc_runs);
+            line("gc_deep_passes", &s.gc_deep_passes);
             line("gc_segments_reclaimed", &s.gc_segments_reclaimed);
             line("gc_bytes_relocated", &s.gc_bytes_relocated);
             line("recluster_bytes", &s.recluster_bytes);
