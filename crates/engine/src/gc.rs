@@ -21,10 +21,16 @@ const KT_FLUSH_SLACK_PAGES: u64 = 8;
 /// Segments cleaned per pass at most.
 const MAX_VICTIMS_PER_PASS: usize = 4;
 
-/// The live fraction below which a deep pass ([`DbInner::deep_pass_due`])
-/// still cleans a segment: a tenth of it at least must be garbage, or the
-/// pass's relocation and flush cost more than writers gain.
-pub(crate) const DEEP_PASS_LIVE: f64 = 0.9;
+/// How much less live than the log's densest sealed segment a segment must
+/// be for a deep pass ([`DbInner::deep_pass_due`]) to clean it: a
+/// twentieth of it at least must be garbage, or the pass's relocation and
+/// flush cost more than writers gain. Measured from the densest segment,
+/// not from 1: alignment padding and the space a record too large for a
+/// segment's end leaves are written again by relocation (4 KiB values are
+/// padded to 512 B boundaries, so a segment of them is at most 0.9 live;
+/// 16 KiB values in 64 KiB segments never fill more than 0.77 of one, and
+/// deep passes cleaning such segments gained nothing, forever).
+pub(crate) const DEEP_PASS_GAIN: f64 = 0.05;
 
 /// With [`crate::Options::lazy_gc`], space is roomy while at least this
 /// fraction of the device's segments is free ...
@@ -45,6 +51,10 @@ pub(crate) struct GcVictims {
     pinned: Vec<SegmentId>,
     /// The snapshots that pinned `pinned`.
     pinned_for: Vec<SeqNo>,
+    /// The compaction count when a deep pass found less than half the
+    /// garbage it cleans for: none runs again before a compaction (which
+    /// may release values) has.
+    fruitless_at: Option<u64>,
 }
 
 impl GcVictims {
@@ -106,13 +116,18 @@ impl DbInner {
         let mut reserve = self.relocation_reserve(st);
         let mut victims = self.victims(st, threshold, MAX_VICTIMS_PER_PASS, reserve);
         let mut deep_possible = false;
-        if low_space && !force {
-            let deep_reserve = self.deep_pass_reserve(reserve);
-            let deep = self.victims(st, DEEP_PASS_LIVE, 1, deep_reserve);
-            deep_possible = !deep.is_empty();
+        let mut deep = false;
+        let compactions = Counters::get(&self.counters.compactions);
+        if st.gc.fruitless_at.is_some_and(|at| at != compactions) {
+            st.gc.fruitless_at = None;
+        }
+        if low_space && !force && st.gc.fruitless_at.is_none() {
+            let deep_reserve = self.deep_pass_reserve(st);
+            let deep_victims = self.victims(st, self.deep_pass_live(), 1, deep_reserve);
+            deep_possible = !deep_victims.is_empty();
             if victims.is_empty() && deep_possible && self.deep_pass_due(st) {
                 Counters::add(&self.counters.gc_deep_passes, 1);
-                (reserve, victims) = (deep_reserve, deep);
+                (reserve, victims, deep) = (deep_reserve, deep_victims, true);
             }
         }
         self.signal.set_deep_pass_possible(deep_possible);
@@ -122,11 +137,16 @@ impl DbInner {
         Counters::add(&self.counters.gc_runs, 1);
         let mut cleaned = 0;
         for (seg, meta) in &victims {
-            if self.gc_segment(*seg, meta, reserve)? {
-                st.gc.awaiting_flush.push(*seg);
-                cleaned += 1;
-            } else {
-                st.gc.pinned.push(*seg);
+            match self.gc_segment(*seg, meta, reserve)? {
+                Some(dead) => {
+                    st.gc.awaiting_flush.push(*seg);
+                    cleaned += 1;
+                    let expected = meta.written_bytes as f64 * DEEP_PASS_GAIN;
+                    if deep && (dead as f64) < expected / 2.0 {
+                        st.gc.fruitless_at = Some(compactions);
+                    }
+                }
+                None => st.gc.pinned.push(*seg),
             }
         }
         if cleaned == 0 {
@@ -199,9 +219,31 @@ impl DbInner {
     /// segments free plus one: merges can still run, and the next pass.
     /// (Relocating into the last free segments wedged a small, overfull
     /// device: its merges could never run again.)
-    fn deep_pass_reserve(&self, gc_reserve: Reserve) -> Reserve {
-        let flush = u32::from(gc_reserve != Reserve::InternalLast);
+    fn deep_pass_reserve(&self, st: &MaintState) -> Reserve {
+        let flush = u32::from(!self.deep_flush_fits(st));
         Reserve::LeaveFree(crate::maint::kt_reserve::OPTIONAL + flush)
+    }
+
+    /// The live fraction below which a deep pass cleans a segment (see
+    /// [`DEEP_PASS_GAIN`]).
+    pub(crate) fn deep_pass_live(&self) -> f64 {
+        self.vlog.densest_live_fraction() - DEEP_PASS_GAIN
+    }
+
+    /// Whether deep passes wait for a keytable segment: theirs has no room
+    /// for their flush and too few segments are free to open one beside
+    /// the relocation. A merge of the runs then opens it (and the old one
+    /// is freed once the merge replaced what it held).
+    pub(crate) fn deep_pass_blocked(&self, st: &MaintState) -> bool {
+        self.flash.free_segments() <= crate::maint::kt_reserve::OPTIONAL + 1
+            && !self.deep_flush_fits(st)
+    }
+
+    /// Whether the keytable segment has room for the flush that completes
+    /// a deep pass (see [`DbInner::deep_flush_pages`]).
+    fn deep_flush_fits(&self, st: &MaintState) -> bool {
+        let seg_pages = self.flash.geometry().pages_per_segment;
+        u64::from(st.kt.room_pages(seg_pages)) >= self.deep_flush_pages(KT_FLUSH_SLACK_PAGES)
     }
 
     /// How far GC relocation may dip into the free segments: all but the
@@ -235,7 +277,7 @@ impl DbInner {
     /// segments `reserve` lets relocation use hold, less a margin for the
     /// records' framing and the end of each segment (a record never
     /// spans two): half a segment for ordinary passes, an eighth for a
-    /// deep pass, whose single victim is at most [`DEEP_PASS_LIVE`] live.
+    /// deep pass, whose single victim is at most `1 - DEEP_PASS_GAIN` live.
     fn relocation_room(&self, reserve: Reserve) -> u64 {
         let free = self.flash.free_segments();
         let segment_bytes = self.flash.geometry().segment_bytes();
@@ -254,16 +296,18 @@ impl DbInner {
     }
 
     /// Re-inserts the live values of `seg` as it reads them (so memory stays
-    /// bounded by one record). Returns false if a live snapshot still needs
+    /// bounded by one record). Returns the bytes of the records it found
+    /// dead, or `None` if a live snapshot still needs
     /// an older version stored in it: re-inserting an old version above
     /// newer ones would hide them, so such a segment waits until the snapshot
     /// is released (the latest versions already re-inserted are harmless
     /// duplicates that shadow their originals).
-    fn gc_segment(&self, seg: SegmentId, meta: &SegMeta, reserve: Reserve) -> Result<bool> {
+    fn gc_segment(&self, seg: SegmentId, meta: &SegMeta, reserve: Reserve) -> Result<Option<u64>> {
         let page = self.vlog.page_size() as u64;
         let mut reader = SegmentReader::new(&self.flash, seg);
         let snapshots = self.snapshot_seqs();
         let mut off = 0u64;
+        let mut dead = 0u64;
         let corrupt = |off: u64, what: &str| {
             Error::Corrupt(format!("value segment {seg}: record at {off}: {what}"))
         };
@@ -290,14 +334,14 @@ impl DbInner {
                         value_crc: 0,
                     };
                     match self.liveness(rec.key, rec.header.seq, ptr, &snapshots)? {
-                        Liveness::Dead => {}
+                        Liveness::Dead => dead += len as u64,
                         Liveness::Latest => {
                             self.relocate(rec.key, rec.value, rec.header.seq, reserve)?;
                             Counters::add(&self.counters.gc_bytes_relocated, len as u64);
                         }
                         Liveness::PinnedBySnapshot => {
                             Counters::add(&self.counters.gc_bytes_scanned, reader.bytes_read);
-                            return Ok(false);
+                            return Ok(None);
                         }
                     }
                 }
@@ -306,7 +350,7 @@ impl DbInner {
             off += len as u64;
         }
         Counters::add(&self.counters.gc_bytes_scanned, reader.bytes_read);
-        Ok(true)
+        Ok(Some(dead))
     }
 
     /// Whether the latest view, or only a live snapshot, resolves `key` to

@@ -384,8 +384,9 @@ impl DbInner {
     /// them, else compacts one keytable of the first level over its size
     /// limit (`shape::targets`) into the next level. Short of space the
     /// runs are merged as soon as the writes among them are worth it
-    /// (`lowspace.rs`; runs of GC relocations release nothing), else only
-    /// at [`MAX_RUNS`]. Returns whether it did anything.
+    /// (`lowspace.rs`; runs of GC relocations release nothing) or GC's
+    /// deep passes wait for a keytable segment (the merge opens one), else
+    /// only at [`MAX_RUNS`]. Returns whether it did anything.
     pub(crate) fn compact_one(&self, st: &mut MaintState) -> Result<bool> {
         let version = self.sv.read().version.clone();
         let space_low = self.space_low();
@@ -394,7 +395,8 @@ impl DbInner {
         }
         let runs = version.runs;
         let merge_due = if space_low {
-            runs >= MAX_RUNS || (runs > 0 && self.low_space_merge_due(false))
+            runs >= MAX_RUNS
+                || (runs > 0 && (self.low_space_merge_due(false) || self.deep_pass_blocked(st)))
         } else {
             runs >= RUNS_TO_MERGE
         };

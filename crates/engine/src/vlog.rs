@@ -1099,6 +1099,21 @@ impl ValueLog {
         self.segs.read().values().map(|m| m.live_bytes).sum()
     }
 
+    /// The largest live fraction of a sealed segment (1 when none is
+    /// sealed): about what a segment written full of live records holds,
+    /// its alignment padding and end aside.
+    pub fn densest_live_fraction(&self) -> f64 {
+        self.segs
+            .read()
+            .values()
+            .filter(|m| m.sealed)
+            .map(SegMeta::live_fraction)
+            .fold(None, |max: Option<f64>, f| {
+                Some(max.map_or(f, |m| m.max(f)))
+            })
+            .unwrap_or(1.0)
+    }
+
     /// Whether a sealed segment is less than `max_live` live: one that GC
     /// would clean to give space back.
     pub fn has_reclaimable(&self, max_live: f64) -> bool {
