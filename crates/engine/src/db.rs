@@ -555,6 +555,11 @@ impl DbInner {
             Reserve::User
         };
         let append = || {
+            // A deep GC pass counted on the open segment's room for its
+            // relocation: ordinary writes wait for it (`gc.rs`).
+            if reserve == Reserve::User && self.signal.deep_pass_running() {
+                return Err(Error::NoSpace);
+            }
             self.vlog.append(&recs, reserve, |i, seq, ptr| {
                 let kind = if ops[i].0 == KIND_PUT {
                     Kind::Put

@@ -32,6 +32,13 @@ const MAX_VICTIMS_PER_PASS: usize = 4;
 /// deep passes cleaning such segments gained nothing, forever).
 pub(crate) const DEEP_PASS_GAIN: f64 = 0.05;
 
+/// Free segments a deep pass's relocation leaves (one more when its flush
+/// needs a keytable segment): those a merge needs. One more made the
+/// passes safe too, but on a 6 GiB volume of an 8 GiB node it took a
+/// segment from the log's few hundred MiB of garbage, and random writes
+/// ran at 8.5k IOPS instead of 12.9k (`bench/RESULTS.md`, session 40).
+const DEEP_PASS_KEEP: u32 = crate::maint::kt_reserve::OPTIONAL;
+
 /// With [`crate::Options::lazy_gc`], space is roomy while at least this
 /// fraction of the device's segments is free ...
 const ROOMY_FREE_FRACTION: f64 = 0.5;
@@ -136,8 +143,19 @@ impl DbInner {
         }
         Counters::add(&self.counters.gc_runs, 1);
         let mut cleaned = 0;
+        // Ordinary writes append to the open segment the relocation fills:
+        // when the pass has no segment to spare for them, they wait (they
+        // took the room it counted on, it failed half done with 2 segments
+        // free, and neither a merge nor another pass could run again).
+        let tight = match reserve {
+            Reserve::LeaveFree(keep) => self.flash.free_segments() < keep + 3,
+            _ => false,
+        };
+        self.signal.set_deep_pass_running(deep && tight);
         for (seg, meta) in &victims {
-            match self.gc_segment(*seg, meta, reserve)? {
+            let found = self.gc_segment(*seg, meta, reserve);
+            self.signal.set_deep_pass_running(false);
+            match found? {
                 Some(dead) => {
                     st.gc.awaiting_flush.push(*seg);
                     cleaned += 1;
@@ -213,15 +231,15 @@ impl DbInner {
     }
 
     /// Where a deep pass relocates: never into the segments a merge needs
-    /// ([`crate::maint::kt_reserve::OPTIONAL`]), nor into the one the flush
-    /// completing the pass needs when the keytable segment has no room for
-    /// it. With the victim released the pass ends with at least that many
-    /// segments free plus one: merges can still run, and the next pass.
-    /// (Relocating into the last free segments wedged a small, overfull
-    /// device: its merges could never run again.)
+    /// ([`DEEP_PASS_KEEP`]), nor into the one the flush completing the pass
+    /// needs when the keytable segment has no room for it. With the victim
+    /// released the pass ends with at least one segment more: merges can
+    /// still run, and the next pass. (Relocating into the last free
+    /// segments wedged a small, overfull device: its merges could never run
+    /// again.)
     fn deep_pass_reserve(&self, st: &MaintState) -> Reserve {
         let flush = u32::from(!self.deep_flush_fits(st));
-        Reserve::LeaveFree(crate::maint::kt_reserve::OPTIONAL + flush)
+        Reserve::LeaveFree(DEEP_PASS_KEEP + flush)
     }
 
     /// The live fraction below which a deep pass cleans a segment (see
@@ -235,8 +253,7 @@ impl DbInner {
     /// the relocation. A merge of the runs then opens it (and the old one
     /// is freed once the merge replaced what it held).
     pub(crate) fn deep_pass_blocked(&self, st: &MaintState) -> bool {
-        self.flash.free_segments() <= crate::maint::kt_reserve::OPTIONAL + 1
-            && !self.deep_flush_fits(st)
+        self.flash.free_segments() <= DEEP_PASS_KEEP + 1 && !self.deep_flush_fits(st)
     }
 
     /// Whether the keytable segment has room for the flush that completes

@@ -69,6 +69,12 @@ impl KeytableWriter {
         self.seg.as_ref().map(|(r, _)| r.seg())
     }
 
+    /// Leaves the segment being filled: the next keytable opens a new one.
+    /// The old one is released once no keytable in it is live.
+    pub(crate) fn start_new_segment(&mut self) {
+        self.seg = None;
+    }
+
     /// Pages left in the keytable segment being filled (0 without one).
     pub(crate) fn room_pages(&self, pages_per_segment: u32) -> u32 {
         self.seg

@@ -447,6 +447,7 @@ impl DbInner {
         } else {
             (runs + 1).min(version.levels.len())
         };
+        self.merge_in_fresh_segment(st, &version.levels[..inputs]);
         let bottom = version.levels.len() <= inputs;
         let sources: Vec<EntryIter<'_>> = version.levels[..inputs]
             .iter()
@@ -482,6 +483,27 @@ impl DbInner {
         };
         self.install_compaction(st, next, released)?;
         Ok(true)
+    }
+
+    /// Short of space, a merge whose output will not fit the keytable
+    /// segment being filled starts a new one, when one can be opened: its
+    /// output beginning in the old segment's last pages kept that segment
+    /// partly live after the merge, and each such segment was one free
+    /// segment fewer for GC (`lowspace.rs`). The old segment is released
+    /// once the merge has replaced what it holds.
+    fn merge_in_fresh_segment(&self, st: &mut MaintState, inputs: &[Vec<Arc<Keytable>>]) {
+        let pages: u64 = inputs
+            .iter()
+            .flatten()
+            .map(|kt| u64::from(kt.data_pages + kt.index_pages))
+            .sum();
+        let room = st.kt.room_pages(self.flash.geometry().pages_per_segment);
+        if self.space_low()
+            && u64::from(room) < pages
+            && self.flash.free_segments() > kt_reserve::OPTIONAL
+        {
+            st.kt.start_new_segment();
+        }
     }
 
     /// Merges one keytable of level `li` into the level below (round robin

@@ -27,6 +27,8 @@ pub(crate) struct MaintSignal {
     /// Published by GC short of space: whether its deep pass (`gc.rs`)
     /// found a segment to clean that fits the free segments.
     deep_pass_possible: AtomicBool,
+    /// Raised while a deep pass relocates: ordinary writes wait.
+    deep_pass_running: AtomicBool,
 }
 
 impl MaintSignal {
@@ -38,7 +40,22 @@ impl MaintSignal {
             stopping: AtomicBool::new(false),
             space_wanted: AtomicBool::new(false),
             deep_pass_possible: AtomicBool::new(false),
+            deep_pass_running: AtomicBool::new(false),
         }
+    }
+
+    /// GC: a deep pass starts (`true`) or ends relocating. Its victim was
+    /// chosen to fit the free segments and the open segment's room;
+    /// ordinary writes appended meanwhile took that room, and the pass ran
+    /// out of space half done.
+    pub(crate) fn set_deep_pass_running(&self, running: bool) {
+        self.deep_pass_running.store(running, Ordering::Release);
+    }
+
+    /// Whether a deep pass is relocating (an ordinary write then waits as
+    /// if refused for room).
+    pub(crate) fn deep_pass_running(&self) -> bool {
+        self.deep_pass_running.load(Ordering::Acquire)
     }
 
     /// GC: whether a deep pass could clean a segment now.
