@@ -49,6 +49,9 @@ pub(crate) const HOST_FULL_RETRY: Duration = Duration::from_millis(200);
 /// How long a write out of space waits for GC to free a segment before it
 /// fails with `NoSpace`.
 const NOSPACE_WAIT: Duration = Duration::from_secs(5);
+/// How long a writer refused for room waits at least, for the maintenance
+/// round it woke (see `DbInner::maintenance_may_free`).
+const FIRST_ROUND_WAIT: Duration = Duration::from_millis(100);
 
 /// Whether a write may wait (for throttling, GC, device writes or syncs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -710,7 +713,8 @@ impl DbInner {
         deletes: bool,
         mut append: impl FnMut() -> Result<T>,
     ) -> Result<T> {
-        let deadline = std::time::Instant::now() + NOSPACE_WAIT;
+        let started = std::time::Instant::now();
+        let deadline = started + NOSPACE_WAIT;
         loop {
             let appended = append();
             if let Err(Error::NoSpace | Error::HostFull(_)) = &appended {
@@ -721,6 +725,7 @@ impl DbInner {
                     if self.out_of_segments(&e, deletes)
                         && self.opts.background
                         && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
+                            || self.maintenance_may_free(started)
                             || self.deep_pass_may_free()
                             || self.unmerged_writes_may_free()
                             || self.flash.pending_free_segments() > 0)
@@ -758,6 +763,16 @@ impl DbInner {
     /// [`Self::retry_while_gc_can_free`]).
     fn unmerged_writes_may_free(&self) -> bool {
         self.sv.read().imm.is_some() || self.pending_writes(true).1 > 0
+    }
+
+    /// Whether a maintenance round woken by a writer refused for room may
+    /// still give room: during the first [`FIRST_ROUND_WAIT`] of its wait
+    /// (the round it woke has not looked yet) and while a round runs. A
+    /// writer used to fail at once when it checked between the round that
+    /// merged and the GC pass that cleaned (an overwritten small data set
+    /// failed so, with the machine's two cores busy).
+    fn maintenance_may_free(&self, waiting_since: std::time::Instant) -> bool {
+        waiting_since.elapsed() < FIRST_ROUND_WAIT || self.maint.is_locked()
     }
 
     /// Whether GC's deep pass (`gc.rs`) last found a segment to clean and
