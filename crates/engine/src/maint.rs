@@ -235,10 +235,18 @@ impl DbInner {
     /// tombstones). Not for a few small writes nobody waits behind: an
     /// adapter renewing its lease every 5 s on a full node made each
     /// renewal a flush and a merge of L1, 26 MB/s of keytable writes on an
-    /// idle device. Not for GC's relocations, which hide nothing.
+    /// idle device. Not for GC's relocations, which hide nothing, and not
+    /// for a memtable without writes (the runs' writes alone may be worth
+    /// a merge that cannot run yet: flushing nothing again and again wrote
+    /// a checkpoint each time).
     fn flush_releases(&self, space_wanted: bool) -> bool {
-        let entries = self.sv.read().mem.len();
-        (space_wanted || entries >= LOW_SPACE_FLUSH_ENTRIES) && self.low_space_merge_due(true)
+        let (entries, writes) = {
+            let mem = &self.sv.read().mem;
+            (mem.len(), mem.writes())
+        };
+        writes > 0
+            && (space_wanted || entries >= LOW_SPACE_FLUSH_ENTRIES)
+            && self.low_space_merge_due(true)
     }
 
     /// Whether flushing is ahead of compaction: [`MAX_RUNS`] flushed runs,
