@@ -39,6 +39,10 @@ pub(crate) const DEEP_PASS_GAIN: f64 = 0.05;
 /// ran at 8.5k IOPS instead of 12.9k (`bench/RESULTS.md`, session 40).
 const DEEP_PASS_KEEP: u32 = crate::maint::kt_reserve::OPTIONAL;
 
+/// Free segments beyond its reserve and its victim's a deep pass must
+/// have for ordinary writes to go on beside it (else they wait for it).
+const DEEP_PASS_SPARE_FOR_WRITES: u32 = 2;
+
 /// With [`crate::Options::lazy_gc`], space is roomy while at least this
 /// fraction of the device's segments is free ...
 const ROOMY_FREE_FRACTION: f64 = 0.5;
@@ -144,11 +148,13 @@ impl DbInner {
         Counters::add(&self.counters.gc_runs, 1);
         let mut cleaned = 0;
         // Ordinary writes append to the open segment the relocation fills:
-        // when the pass has no segment to spare for them, they wait (they
+        // unless the pass has segments to spare for them, they wait (they
         // took the room it counted on, it failed half done with 2 segments
         // free, and neither a merge nor another pass could run again).
         let tight = match reserve {
-            Reserve::LeaveFree(keep) => self.flash.free_segments() < keep + 3,
+            Reserve::LeaveFree(keep) => {
+                self.flash.free_segments() < keep + 1 + DEEP_PASS_SPARE_FOR_WRITES
+            }
             _ => false,
         };
         self.signal.set_deep_pass_running(deep && tight);

@@ -1108,9 +1108,7 @@ impl ValueLog {
             .values()
             .filter(|m| m.sealed)
             .map(SegMeta::live_fraction)
-            .fold(None, |max: Option<f64>, f| {
-                Some(max.map_or(f, |m| m.max(f)))
-            })
+            .reduce(f64::max)
             .unwrap_or(1.0)
     }
 
