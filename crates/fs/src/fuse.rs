@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -26,6 +26,7 @@ use crate::error::FsError;
 use crate::filesystem::FileSystem;
 use crate::inode::{Inode, Kind, Time};
 use crate::namespace::{Caller, NewNode, NAME_MAX};
+use crate::seek::Seek;
 
 /// How long the kernel may cache attributes and entries.
 const TTL: Duration = Duration::from_secs(1);
@@ -768,6 +769,34 @@ impl Filesystem for FuseFs {
             // reply's u32.
             Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),
             Err(e) => reply.error(errno("copy_file_range", &e)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel answers SEEK_SET, SEEK_CUR and SEEK_END itself, and
+        // writes back its dirty pages of the file before it asks.
+        let to = match whence {
+            libc::SEEK_DATA => Seek::Data,
+            libc::SEEK_HOLE => Seek::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        // A negative offset is past any end, as the kernel's own
+        // `generic_file_llseek` reads it.
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        match self.fs.seek(ino.0, offset, to) {
+            // At most the file's size, itself at most `i64::MAX`.
+            Ok(at) => reply.offset(i64::try_from(at).unwrap_or(i64::MAX)),
+            Err(e) => reply.error(errno("lseek", &e)),
         }
     }
 

@@ -4,7 +4,7 @@
 //! It owns the mapping of files to keys (`layout.rs`), the inode and entry
 //! records (`inode.rs`), metadata changes as atomic batches on one replica
 //! set (`filesystem.rs`, `namespace.rs`, `attrs.rs`), chunked file data
-//! (`data.rs`), the cluster's file systems (`registry.rs`), the one-mount
+//! (`data.rs`, and where its holes are in `seek.rs`), the cluster's file systems (`registry.rs`), the one-mount
 //! lease (`lease.rs`) and the kernel interface (`fuse.rs`, and the mount's
 //! read-ahead window in `readahead.rs`). It is built on
 //! [`client::Store`] only, so its logic runs against the in-memory model in
@@ -23,6 +23,7 @@ pub mod lease;
 pub mod namespace;
 pub mod readahead;
 pub mod registry;
+pub mod seek;
 mod writebehind;
 
 pub use error::{FsError, Result};

@@ -492,6 +492,102 @@ fn fallocate_grows_and_punches_holes() {
     );
 }
 
+/// SEEK_DATA and SEEK_HOLE follow the chunks a file holds: a held chunk
+/// is data whole, a chunk never written or punched out is a hole, the end
+/// is a hole, and past the end is ENXIO.
+#[test]
+fn seek_finds_the_chunks_a_file_holds() {
+    use fs::seek::Seek::{Data, Hole};
+    let (_s, fs, _) = new_fs(4096);
+    let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
+    // Chunks 2 and 3 (written from the middle of 2), 10 (partly), size
+    // 100,000 (chunk 24's middle).
+    fs.write(f.ino, 8195, &[1u8; 8000]).expect("write 2-3");
+    fs.write(f.ino, 40_960, &[2u8; 100]).expect("write 10");
+    fs.fallocate(f.ino, 99_999, 1, 0).expect("grow");
+    let seek = |at, to| fs.seek(f.ino, at, to);
+    assert_eq!(seek(0, Data).expect("data from 0"), 8192);
+    assert_eq!(seek(0, Hole).expect("hole at 0"), 0);
+    assert_eq!(seek(8192, Data).expect("inside data"), 8192);
+    assert_eq!(seek(9000, Hole).expect("hole after 3"), 16_384);
+    assert_eq!(seek(16_384, Data).expect("data at 10"), 40_960);
+    assert_eq!(seek(41_000, Hole).expect("hole after 10"), 45_056);
+    assert_eq!(errno(seek(45_056, Data)), libc::ENXIO, "only holes follow");
+    assert_eq!(seek(99_000, Hole).expect("inside the last hole"), 99_000);
+    assert_eq!(errno(seek(100_000, Data)), libc::ENXIO);
+    assert_eq!(errno(seek(100_000, Hole)), libc::ENXIO);
+    // A punched chunk is a hole; a partly punched one stays data.
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(f.ino, 12_288, 4096, punch).expect("punch 3");
+    fs.fallocate(f.ino, 8192, 10, punch)
+        .expect("punch part of 2");
+    assert_eq!(seek(8192, Hole).expect("hole at 3"), 12_288);
+    assert_eq!(seek(0, Data).expect("2 is still data"), 8192);
+    // A file of data throughout has its one hole at the end.
+    let g = fs.make(ME, ROOT, b"g", node(Kind::File)).expect("g");
+    fs.write(g.ino, 0, &[3u8; 10_000]).expect("write g");
+    assert_eq!(seek_of(&fs, g.ino, 0, Hole), 10_000);
+    assert_eq!(seek_of(&fs, g.ino, 9_999, Data), 9_999);
+    let d = fs.make(ME, ROOT, b"d", node(Kind::Dir)).expect("d");
+    assert_eq!(errno(fs.seek(d.ino, 0, Data)), libc::EISDIR);
+}
+
+fn seek_of(fs: &FileSystem, ino: u64, at: u64, to: fs::seek::Seek) -> u64 {
+    fs.seek(ino, at, to).expect("seek")
+}
+
+/// Whatever a file's holes, a copier that reads from each SEEK_DATA to the
+/// next SEEK_HOLE and skips the rest misses no byte of data, and each
+/// answer lies inside the file.
+#[test]
+fn copying_by_seek_data_and_seek_hole_misses_no_data() {
+    use fs::seek::Seek::{Data, Hole};
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for round in 0..20 {
+        let (_s, fs, _) = new_fs(4096);
+        let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
+        for _ in 0..1 + rand(8) {
+            // Half the ranges start and end on chunk boundaries.
+            let aligned = rand(2) == 0;
+            let (mut at, mut len) = (rand(1 << 20), 1 + rand(40_000));
+            if aligned {
+                (at, len) = (at / 4096 * 4096, len.div_ceil(4096) * 4096);
+            }
+            if rand(3) == 0 {
+                let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                fs.fallocate(f.ino, at, len, punch).expect("punch");
+            } else {
+                fs.write(f.ino, at, &vec![1 + rand(250) as u8; len as usize])
+                    .expect("write");
+            }
+        }
+        let size = fs.inode(f.ino).expect("f").size;
+        let want = fs.read(f.ino, 0, u32::MAX).expect("read");
+        let mut copy = vec![0u8; size as usize];
+        let mut at = 0;
+        while at < size {
+            let data = match fs.seek(f.ino, at, Data) {
+                Ok(d) => d,
+                Err(e) => {
+                    assert_eq!(e.errno(), libc::ENXIO, "round {round}");
+                    break;
+                }
+            };
+            let hole = fs.seek(f.ino, data, Hole).expect("hole");
+            assert!(at <= data && data < hole && hole <= size, "round {round}");
+            copy[data as usize..hole as usize].copy_from_slice(&want[data as usize..hole as usize]);
+            at = hole;
+        }
+        assert!(copy == want, "round {round}: seeking skipped data");
+    }
+}
+
 #[test]
 fn holes_punched_through_large_sparse_files_cost_what_they_hold() {
     use std::sync::atomic::Ordering;

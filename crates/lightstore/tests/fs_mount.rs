@@ -795,6 +795,42 @@ print(calls, a, b, c, os.stat(d + \"/sparse-copy\").st_size)
     m.stop();
 }
 
+/// `lseek(SEEK_DATA / SEEK_HOLE)` through the kernel finds a sparse file's
+/// data, written through the page cache a moment before (the kernel
+/// writes it back before it asks), and its holes, as on a local disk.
+#[test]
+fn seek_data_and_seek_hole_find_a_sparse_files_data() {
+    if !can_mount() || !have_tools(&["python3"]) {
+        return;
+    }
+    let (s, m) = mount_on_one_node("seek");
+    let out = sh(&format!(
+        "timeout 60 python3 -c '
+import errno, os
+p = \"{m}/sparse\"
+fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+os.pwrite(fd, b\"a\" * 65536, 1 << 20)
+os.pwrite(fd, b\"b\" * 65536, 5 << 20)
+os.ftruncate(fd, 16 << 20)
+def seek(at, how):
+    try:
+        return os.lseek(fd, at, how)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print([seek(0, os.SEEK_DATA), seek(1 << 20, os.SEEK_HOLE), seek((1 << 20) + 65536, os.SEEK_DATA),
+       seek(5 << 20, os.SEEK_HOLE), seek((5 << 20) + 65536, os.SEEK_DATA), seek(16 << 20, os.SEEK_HOLE)])
+'",
+        m = s.mnt.display()
+    ));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim_end(),
+        "[1048576, 1114112, 5242880, 5308416, 'ENXIO', 'ENXIO']",
+        "{text}"
+    );
+    m.stop();
+}
+
 /// The workload SQLite puts on a file system: a database in WAL mode
 /// (a shared-memory index mapped from the `-shm` file) and one with a
 /// rollback journal, then VACUUM; prints each mode's integrity check and
