@@ -61,6 +61,7 @@ impl FileSystem {
             }
             if size < i.size {
                 self.drop_data_past(ino, size)?;
+                self.held.forget(ino);
             }
         }
         let (_ns, mut txn) = self.begin();
@@ -81,6 +82,10 @@ impl FileSystem {
         if let Some(size) = set.size {
             if size != i.size || set.mtime.is_none() {
                 i.mtime = now;
+            }
+            // Growth by whole chunks leaves holes (`st_blocks`, blocks.rs).
+            if size.div_ceil(self.chunk) > i.size.div_ceil(self.chunk) {
+                i.flags |= crate::inode::MAY_HAVE_HOLES;
             }
             i.size = size;
         }

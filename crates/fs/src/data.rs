@@ -11,7 +11,7 @@
 use crate::cache::Cached;
 use crate::error::{posix, Result};
 use crate::filesystem::FileSystem;
-use crate::inode::{Kind, Time};
+use crate::inode::{Kind, Time, MAY_HAVE_HOLES};
 use crate::writebehind::{write_ops, Change};
 
 /// Largest file size: the kernel's own limit for FUSE (`MAX_LFS_FILESIZE`).
@@ -275,13 +275,32 @@ impl FileSystem {
             })
             .collect();
         self.store.write(&ops)?;
+        // For `st_blocks` (blocks.rs): a chunk the write read is new if it
+        // was missing; one it covers whole is new past the old end and may
+        // have been a hole inside it. A write starting past the chunk the
+        // old end was in leaves holes.
+        let added = (first..=last)
+            .filter(|&c| {
+                partial
+                    .iter()
+                    .position(|&p| p == c)
+                    .is_none_or(|at| old[at].is_none())
+            })
+            .count() as u64;
+        let old_chunks = size.div_ceil(self.chunk);
         let now = Time::now();
         self.update_cached(ino, |c| {
             c.inode.size = c.inode.size.max(end);
             c.inode.mtime = now;
             c.inode.ctime = now;
+            if first > old_chunks {
+                c.inode.flags |= MAY_HAVE_HOLES;
+            }
             c.dirty = true;
-        })
+        })?;
+        self.held
+            .added(ino, added, end.max(size).div_ceil(self.chunk));
+        Ok(())
     }
 
     /// `fallocate(2)`: mode 0 and `FALLOC_FL_KEEP_SIZE` grow the size (no
@@ -313,13 +332,19 @@ impl FileSystem {
         let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
         if zero {
             self.zero_range(ino, offset, end.min(i.size), i.size)?;
+            self.held.forget(ino);
         }
         let grow = mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > i.size;
         if zero || grow {
             let now = Time::now();
+            // Growth by whole chunks and punched ranges leave holes.
+            let holes = zero || end.div_ceil(self.chunk) > i.size.div_ceil(self.chunk);
             self.update_cached(ino, |c| {
                 if grow {
                     c.inode.size = c.inode.size.max(end);
+                }
+                if holes {
+                    c.inode.flags |= MAY_HAVE_HOLES;
                 }
                 c.inode.mtime = now;
                 c.inode.ctime = now;

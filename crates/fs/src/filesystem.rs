@@ -56,6 +56,8 @@ pub struct FileSystem {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) keys: Keys,
     pub(crate) chunk: u64,
+    /// Chunk counts of files that may have holes (`blocks.rs`).
+    pub(crate) held: crate::blocks::HeldChunks,
     pub(crate) ns: Mutex<()>,
     pub(crate) cache: Mutex<InodeCache>,
     pub(crate) dentries: Mutex<DentryCache>,
@@ -227,6 +229,7 @@ impl FileSystem {
             store,
             keys: Keys::new(record.id),
             chunk: u64::from(record.chunk_size),
+            held: Default::default(),
             ns: Mutex::new(()),
             cache: Mutex::new(InodeCache::default()),
             dentries: Mutex::new(DentryCache::default()),
@@ -652,6 +655,7 @@ impl FileSystem {
                 self.delete_listed(&start, &end)?;
             }
         }
+        self.held.forget(ino);
         let (_ns, mut txn) = self.begin();
         match txn.get(ino) {
             Ok(i) if i.nlink > 0 => return Ok(()),

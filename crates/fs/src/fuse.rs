@@ -65,7 +65,7 @@ impl FuseFs {
         FileAttr {
             ino: INodeNo(i.ino),
             size: i.size,
-            blocks: i.size.div_ceil(512),
+            blocks: self.fs.blocks(i),
             atime: i.atime.to_system(),
             mtime: i.mtime.to_system(),
             ctime: i.ctime.to_system(),

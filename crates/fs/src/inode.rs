@@ -17,6 +17,9 @@ const FIXED: usize = 3 + 2 + 4 * 4 + 8 * 2 + 12 * 3;
 
 /// `flags` bit: the inode may have extended attributes.
 pub const HAS_XATTRS: u8 = 1;
+/// `flags` bit: the file may have holes, so its blocks are counted from
+/// the chunks it holds (`blocks.rs`).
+pub const MAY_HAVE_HOLES: u8 = 2;
 
 /// What an inode is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,13 +4,15 @@
 //! It owns the mapping of files to keys (`layout.rs`), the inode and entry
 //! records (`inode.rs`), metadata changes as atomic batches on one replica
 //! set (`filesystem.rs`, `namespace.rs`, `attrs.rs`), chunked file data
-//! (`data.rs`, and where its holes are in `seek.rs`), the cluster's file systems (`registry.rs`), the one-mount
+//! (`data.rs`; where its holes are and the blocks it takes in `seek.rs`
+//! and `blocks.rs`), the cluster's file systems (`registry.rs`), the one-mount
 //! lease (`lease.rs`) and the kernel interface (`fuse.rs`, and the mount's
 //! read-ahead window in `readahead.rs`). It is built on
 //! [`client::Store`] only, so its logic runs against the in-memory model in
 //! tests and against the cluster when mounted.
 
 pub mod attrs;
+mod blocks;
 mod cache;
 pub mod check;
 mod data;

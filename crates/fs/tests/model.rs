@@ -588,6 +588,101 @@ fn copying_by_seek_data_and_seek_hole_misses_no_data() {
     }
 }
 
+/// `st_blocks` is the size for a dense file and the chunks held for one
+/// that may have holes, whether it was just written or counted afresh by
+/// the next mount; never fewer than the data takes.
+#[test]
+fn blocks_count_what_a_sparse_file_holds() {
+    let (store, fs, rec) = new_fs(4096);
+    let blocks = |fs: &FileSystem, ino| fs.blocks(&fs.inode(ino).expect("inode"));
+    let f = fs.make(ME, ROOT, b"dense", node(Kind::File)).expect("f");
+    fs.write(f.ino, 0, &[1u8; 100_000]).expect("write");
+    assert_eq!(blocks(&fs, f.ino), 196, "dense: the size");
+
+    let s = fs.make(ME, ROOT, b"sparse", node(Kind::File)).expect("s");
+    fs.write(s.ino, 1 << 20, &[2u8; 4096])
+        .expect("write past the end");
+    assert_eq!(blocks(&fs, s.ino), 8, "one chunk of 257");
+    fs.write(s.ino, 0, &[3u8; 100]).expect("write into a hole");
+    assert_eq!(blocks(&fs, s.ino), 16, "two chunks");
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(s.ino, 0, 4096, punch).expect("punch");
+    assert_eq!(blocks(&fs, s.ino), 8, "counted again after the punch");
+
+    let t = fs.make(ME, ROOT, b"grown", node(Kind::File)).expect("t");
+    let grow = SetAttr {
+        size: Some(1 << 30),
+        ..Default::default()
+    };
+    fs.setattr(t.ino, &grow).expect("truncate up");
+    assert_eq!(blocks(&fs, t.ino), 0, "all holes");
+    fs.write(t.ino, 5 << 20, b"x").expect("write one byte");
+    assert_eq!(blocks(&fs, t.ino), 8);
+
+    // The next mount counts from the store what this one kept.
+    fs.flush_all().expect("flush");
+    drop(fs);
+    let fs = FileSystem::open(store, &rec).expect("reopen");
+    assert_eq!(blocks(&fs, f.ino), 196);
+    assert_eq!(blocks(&fs, s.ino), 8);
+    assert_eq!(blocks(&fs, t.ino), 8);
+}
+
+/// Over random writes, punches and truncations, the blocks a mount keeps
+/// for a file are never fewer than a fresh count of what it holds (and
+/// never more than its size), so no tool takes data for holes.
+#[test]
+fn kept_block_counts_never_fall_below_what_is_held() {
+    let mut seed = 0x51_7cc1_b727_220au64;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for round in 0..20 {
+        let (store, fs, rec) = new_fs(4096);
+        let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
+        let mut kept = Vec::new();
+        for _ in 0..1 + rand(10) {
+            let (at, len) = (rand(2 << 20), 1 + rand(30_000));
+            match rand(5) {
+                0 => {
+                    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                    fs.fallocate(f.ino, at, len, punch).expect("punch");
+                }
+                1 => {
+                    let size = SetAttr {
+                        size: Some(at),
+                        ..Default::default()
+                    };
+                    fs.setattr(f.ino, &size).expect("truncate");
+                }
+                _ => fs
+                    .write(f.ino, at, &vec![7u8; len as usize])
+                    .expect("write"),
+            }
+            kept.push(fs.blocks(&fs.inode(f.ino).expect("f")));
+        }
+        let i = fs.inode(f.ino).expect("f");
+        let last = *kept.last().expect("a block count");
+        fs.flush_all().expect("flush");
+        drop(fs);
+        let fresh = FileSystem::open(store, &rec).expect("reopen");
+        let counted = fresh.blocks(&fresh.inode(f.ino).expect("f"));
+        assert!(
+            counted <= last && last <= i.size.div_ceil(512),
+            "round {round}: kept {last}, counted {counted}, size {}",
+            i.size
+        );
+        let data = fresh.read(f.ino, 0, u32::MAX).expect("read");
+        assert!(
+            counted > 0 || data.iter().all(|&b| b == 0),
+            "round {round}: data in a file of no blocks"
+        );
+    }
+}
+
 #[test]
 fn holes_punched_through_large_sparse_files_cost_what_they_hold() {
     use std::sync::atomic::Ordering;

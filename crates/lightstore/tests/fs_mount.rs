@@ -828,6 +828,22 @@ print([seek(0, os.SEEK_DATA), seek(1 << 20, os.SEEK_HOLE), seek((1 << 20) + 6553
         "[1048576, 1114112, 5242880, 5308416, 'ENXIO', 'ENXIO']",
         "{text}"
     );
+    // The file takes the blocks of its data (`du`), so `cp` out of the
+    // mount looks for holes (only where `st_blocks` is below the size) and
+    // finds them by seeking: each of the two holds its 128 KiB.
+    let du = sh(&format!(
+        "cp '{m}/sparse' '{t}/copy' && cmp '{m}/sparse' '{t}/copy' && du -k '{m}/sparse' '{t}/copy' | awk '{{s += $1}} END {{print s}}'",
+        m = s.mnt.display(),
+        t = s.tmp.path().display()
+    ));
+    let kib: u64 = String::from_utf8_lossy(&du.stdout)
+        .trim()
+        .parse()
+        .expect("du");
+    assert!(
+        kib < 1024,
+        "16 MiB files holding 128 KiB take {kib} KiB together"
+    );
     m.stop();
 }
 
