@@ -559,7 +559,7 @@ impl DbInner {
         };
         let append = || {
             // A deep GC pass counted on the open segment's room for its
-            // relocation: ordinary writes wait for it (`gc.rs`).
+            // relocation: ordinary writes wait for it (`deeppass.rs`).
             if reserve == Reserve::User && self.signal.deep_pass_running() {
                 return Err(Error::NoSpace);
             }
@@ -726,7 +726,9 @@ impl DbInner {
                         && self.opts.background
                         && (self.vlog.has_reclaimable(self.low_space_gc_threshold())
                             || self.maintenance_may_free(started)
-                            || self.deep_pass_may_free()
+                            // GC's deep pass last found a segment to
+                            // clean and the room to relocate it into.
+                            || self.signal.deep_pass_possible()
                             || self.unmerged_writes_may_free()
                             || self.flash.pending_free_segments() > 0)
                         && std::time::Instant::now() < deadline
@@ -773,13 +775,6 @@ impl DbInner {
     /// failed so, with the machine's two cores busy).
     fn maintenance_may_free(&self, waiting_since: std::time::Instant) -> bool {
         waiting_since.elapsed() < FIRST_ROUND_WAIT || self.maint.is_locked()
-    }
-
-    /// Whether GC's deep pass (`gc.rs`) last found a segment to clean and
-    /// the free segments to relocate it into (see
-    /// [`Self::retry_while_gc_can_free`]).
-    fn deep_pass_may_free(&self) -> bool {
-        self.signal.deep_pass_possible()
     }
 
     /// Whether `free` segments is low, or the host file system is full

@@ -6,6 +6,7 @@
 //! live value among garbage is reclaimed like any other.
 
 use crate::db::{DbInner, MaintState};
+use crate::deeppass::DeepPassState;
 use crate::error::{Error, Result};
 use crate::record::{self, HEADER_LEN};
 use crate::segreader::SegmentReader;
@@ -20,28 +21,6 @@ use flash::SegmentId;
 const KT_FLUSH_SLACK_PAGES: u64 = 8;
 /// Segments cleaned per pass at most.
 const MAX_VICTIMS_PER_PASS: usize = 4;
-
-/// How much less live than the log's densest sealed segment a segment must
-/// be for a deep pass ([`DbInner::deep_pass_due`]) to clean it: a
-/// twentieth of it at least must be garbage, or the pass's relocation and
-/// flush cost more than writers gain. Measured from the densest segment,
-/// not from 1: alignment padding and the space a record too large for a
-/// segment's end leaves are written again by relocation (4 KiB values are
-/// padded to 512 B boundaries, so a segment of them is at most 0.9 live;
-/// 16 KiB values in 64 KiB segments never fill more than 0.77 of one, and
-/// deep passes cleaning such segments gained nothing, forever).
-pub(crate) const DEEP_PASS_GAIN: f64 = 0.05;
-
-/// Free segments a deep pass's relocation leaves (one more when its flush
-/// needs a keytable segment): those a merge needs. One more made the
-/// passes safe too, but on a 6 GiB volume of an 8 GiB node it took a
-/// segment from the log's few hundred MiB of garbage, and random writes
-/// ran at 8.5k IOPS instead of 12.9k (`bench/RESULTS.md`, session 40).
-const DEEP_PASS_KEEP: u32 = crate::maint::kt_reserve::OPTIONAL;
-
-/// Free segments beyond its reserve and its victim's a deep pass must
-/// have for ordinary writes to go on beside it (else they wait for it).
-const DEEP_PASS_SPARE_FOR_WRITES: u32 = 2;
 
 /// With [`crate::Options::lazy_gc`], space is roomy while at least this
 /// fraction of the device's segments is free ...
@@ -62,10 +41,8 @@ pub(crate) struct GcVictims {
     pinned: Vec<SegmentId>,
     /// The snapshots that pinned `pinned`.
     pinned_for: Vec<SeqNo>,
-    /// The compaction count when a deep pass found less than half the
-    /// garbage it cleans for: none runs again before a compaction (which
-    /// may release values) has.
-    fruitless_at: Option<u64>,
+    /// Whether deep passes may run (`deeppass.rs`).
+    pub(crate) deep: DeepPassState,
 }
 
 impl GcVictims {
@@ -78,7 +55,7 @@ impl GcVictims {
     }
 
     /// Whether no cleaned segment waits for its flush or its release.
-    fn settled(&self) -> bool {
+    pub(crate) fn settled(&self) -> bool {
         self.awaiting_flush.is_empty() && self.ready.is_empty()
     }
 
@@ -126,38 +103,27 @@ impl DbInner {
         };
         let mut reserve = self.relocation_reserve(st);
         let mut victims = self.victims(st, threshold, MAX_VICTIMS_PER_PASS, reserve);
-        let mut deep_possible = false;
-        let mut deep = false;
         let compactions = Counters::get(&self.counters.compactions);
-        if st.gc.fruitless_at.is_some_and(|at| at != compactions) {
-            st.gc.fruitless_at = None;
-        }
-        if low_space && !force && st.gc.fruitless_at.is_none() {
-            let deep_reserve = self.deep_pass_reserve(st);
-            let deep_victims = self.victims(st, self.deep_pass_live(), 1, deep_reserve);
-            deep_possible = !deep_victims.is_empty();
-            if victims.is_empty() && deep_possible && self.deep_pass_due(st) {
+        let deep_victim = if low_space && !force {
+            self.deep_victim(st, compactions)
+        } else {
+            None
+        };
+        self.signal.set_deep_pass_possible(deep_victim.is_some());
+        let mut deep = false;
+        if let Some(d) = deep_victim {
+            if victims.is_empty() && self.deep_pass_due(st) {
                 Counters::add(&self.counters.gc_deep_passes, 1);
-                (reserve, victims, deep) = (deep_reserve, deep_victims, true);
+                (reserve, victims, deep) = (d.reserve, vec![d.victim], true);
             }
         }
-        self.signal.set_deep_pass_possible(deep_possible);
         if victims.is_empty() {
             return Ok(0);
         }
         Counters::add(&self.counters.gc_runs, 1);
         let mut cleaned = 0;
-        // Ordinary writes append to the open segment the relocation fills:
-        // unless the pass has segments to spare for them, they wait (they
-        // took the room it counted on, it failed half done with 2 segments
-        // free, and neither a merge nor another pass could run again).
-        let tight = match reserve {
-            Reserve::LeaveFree(keep) => {
-                self.flash.free_segments() < keep + 1 + DEEP_PASS_SPARE_FOR_WRITES
-            }
-            _ => false,
-        };
-        self.signal.set_deep_pass_running(deep && tight);
+        self.signal
+            .set_deep_pass_running(deep && self.deep_pass_holds_writes(reserve));
         for (seg, meta) in &victims {
             let found = self.gc_segment(*seg, meta, reserve);
             self.signal.set_deep_pass_running(false);
@@ -165,9 +131,8 @@ impl DbInner {
                 Some(dead) => {
                     st.gc.awaiting_flush.push(*seg);
                     cleaned += 1;
-                    let expected = meta.written_bytes as f64 * DEEP_PASS_GAIN;
-                    if deep && (dead as f64) < expected / 2.0 {
-                        st.gc.fruitless_at = Some(compactions);
+                    if deep {
+                        st.gc.deep.cleaned(meta, dead, compactions);
                     }
                 }
                 None => st.gc.pinned.push(*seg),
@@ -187,7 +152,7 @@ impl DbInner {
     /// may write: a pass that ran out of space mid-way left its relocations
     /// in the memtable with no segment for the flush that releases anything
     /// (four victims on a small, mostly live device did).
-    fn victims(
+    pub(crate) fn victims(
         &self,
         st: &MaintState,
         threshold: f64,
@@ -221,54 +186,6 @@ impl DbInner {
         victims
     }
 
-    /// Whether a deep pass may run: space is short, every segment is too
-    /// live for the low-space threshold (random overwrites spread garbage
-    /// evenly: a block volume filling three quarters of its node's device
-    /// left every segment ~80 % live, and writes failed with a sixth of the
-    /// log garbage), and nothing cheaper can release space — the writes
-    /// waiting in the memtables and runs are not worth a merge yet
-    /// (`lowspace.rs`; cleaning first would relocate values about to die),
-    /// and no segment cleaned or released earlier waits to be freed.
-    pub(crate) fn deep_pass_due(&self, st: &MaintState) -> bool {
-        self.sv.read().imm.is_none()
-            && st.gc.settled()
-            && self.flash.pending_free_segments() == 0
-            && !self.low_space_merge_due(true)
-    }
-
-    /// Where a deep pass relocates: never into the segments a merge needs
-    /// ([`DEEP_PASS_KEEP`]), nor into the one the flush completing the pass
-    /// needs when the keytable segment has no room for it. With the victim
-    /// released the pass ends with at least one segment more: merges can
-    /// still run, and the next pass. (Relocating into the last free
-    /// segments wedged a small, overfull device: its merges could never run
-    /// again.)
-    fn deep_pass_reserve(&self, st: &MaintState) -> Reserve {
-        let flush = u32::from(!self.deep_flush_fits(st));
-        Reserve::LeaveFree(DEEP_PASS_KEEP + flush)
-    }
-
-    /// The live fraction below which a deep pass cleans a segment (see
-    /// [`DEEP_PASS_GAIN`]).
-    pub(crate) fn deep_pass_live(&self) -> f64 {
-        self.vlog.densest_live_fraction() - DEEP_PASS_GAIN
-    }
-
-    /// Whether deep passes wait for a keytable segment: theirs has no room
-    /// for their flush and too few segments are free to open one beside
-    /// the relocation. A merge of the runs then opens it (and the old one
-    /// is freed once the merge replaced what it held).
-    pub(crate) fn deep_pass_blocked(&self, st: &MaintState) -> bool {
-        self.flash.free_segments() <= DEEP_PASS_KEEP + 1 && !self.deep_flush_fits(st)
-    }
-
-    /// Whether the keytable segment has room for the flush that completes
-    /// a deep pass (see [`DbInner::deep_flush_pages`]).
-    fn deep_flush_fits(&self, st: &MaintState) -> bool {
-        let seg_pages = self.flash.geometry().pages_per_segment;
-        u64::from(st.kt.room_pages(seg_pages)) >= self.deep_flush_pages(KT_FLUSH_SLACK_PAGES)
-    }
-
     /// How far GC relocation may dip into the free segments: all but the
     /// last one, which the flush completing the pass may need for its
     /// keytables, or the last one too when the keytable segment already has
@@ -300,7 +217,8 @@ impl DbInner {
     /// segments `reserve` lets relocation use hold, less a margin for the
     /// records' framing and the end of each segment (a record never
     /// spans two): half a segment for ordinary passes, an eighth for a
-    /// deep pass, whose single victim is at most `1 - DEEP_PASS_GAIN` live.
+    /// deep pass, whose single victim is at most `1 - DEEP_PASS_GAIN` live
+    /// (`deeppass.rs`).
     fn relocation_room(&self, reserve: Reserve) -> u64 {
         let free = self.flash.free_segments();
         let segment_bytes = self.flash.geometry().segment_bytes();

@@ -19,6 +19,7 @@ mod bloom;
 mod cache;
 mod conditional;
 mod db;
+mod deeppass;
 mod error;
 mod gc;
 mod getsplit;

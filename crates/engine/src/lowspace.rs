@@ -2,7 +2,7 @@
 //! ([`DbInner::space_low`]): which merges of the flushed runs, and which
 //! flushes before the memtable is full, pay for the keytable bytes they
 //! write with the value bytes they may release; when they do not, GC's
-//! deep pass (`gc.rs`) makes the room.
+//! deep pass (`deeppass.rs`) makes the room.
 //!
 //! Short of space a writer waits for room that only garbage gives back,
 //! and garbage is found when an overwrite or a delete meets the version it
@@ -33,7 +33,7 @@ impl DbInner {
     }
 
     /// Entries and bytes of the keytables of the first `levels` levels.
-    fn keytable_totals(&self, version: &Version, levels: usize) -> (u64, u64) {
+    pub(crate) fn keytable_totals(&self, version: &Version, levels: usize) -> (u64, u64) {
         version
             .levels
             .iter()
@@ -42,31 +42,6 @@ impl DbInner {
             .fold((0u64, 0u64), |(entries, bytes), kt| {
                 (entries + kt.index.entries, bytes + kt.bytes(self.page))
             })
-    }
-
-    /// Keytable pages the flush completing a deep pass writes at most: the
-    /// relocated entries of a victim (at most `1 - DEEP_PASS_GAIN` live)
-    /// and what the memtable holds, each entry taking its share of
-    /// the keytables now (their bytes per live value byte, and per entry),
-    /// plus `slack` pages. The ordinary estimate, twice the first level,
-    /// is L1 itself when no run is flushed: a deep pass then always
-    /// counted on a keytable segment of its own, and with three segments
-    /// free none could run.
-    pub(crate) fn deep_flush_pages(&self, slack: u64) -> u64 {
-        let (version, memtable_entries) = {
-            let sv = self.sv.read();
-            (sv.version.clone(), sv.mem.len() as u64)
-        };
-        let (entries, bytes) = self.keytable_totals(&version, version.levels.len());
-        let live = u128::from(self.vlog.live_bytes().max(1));
-        let victim =
-            self.flash.geometry().segment_bytes() as f64 * (1.0 - crate::gc::DEEP_PASS_GAIN);
-        let relocated = victim as u128 * u128::from(bytes) / live;
-        let held = u128::from(memtable_entries) * u128::from(bytes) / u128::from(entries.max(1));
-        let pages = (relocated + held) / self.page as u128 + 1;
-        u64::try_from(pages)
-            .unwrap_or(u64::MAX)
-            .saturating_add(slack)
     }
 
     /// Short of space, whether the writes and deletes pending in the runs

@@ -24,7 +24,7 @@ pub(crate) struct MaintSignal {
     /// Raised by [`MaintSignal::want_space`], cleared when maintenance
     /// takes it.
     space_wanted: AtomicBool,
-    /// Published by GC short of space: whether its deep pass (`gc.rs`)
+    /// Published by GC short of space: whether its deep pass (`deeppass.rs`)
     /// found a segment to clean that fits the free segments.
     deep_pass_possible: AtomicBool,
     /// Raised while a deep pass relocates: ordinary writes wait.

@@ -1,0 +1,177 @@
+//! GC's deep pass: when space is short and every sealed segment is too
+//! live for the low-space threshold (random overwrites spread their
+//! garbage evenly: a block volume filling three quarters of its node's
+//! device left every segment ~80 % live, and writes failed with a sixth of
+//! the log garbage), GC cleans the least live segment that is clearly less
+//! live than the densest one, one per pass, and only when nothing cheaper
+//! can release space (`lowspace.rs`).
+//!
+//! Contract: a deep pass's relocation never takes the free segments a
+//! merge needs ([`DEEP_PASS_KEEP`]), nor the one its own flush needs when
+//! the keytable segment has no room for it, so with its victim released
+//! it ends with at least one segment more; while it relocates with no
+//! segment to spare, ordinary writes wait for it
+//! (`MaintSignal::deep_pass_running`); a pass that found less than half
+//! the garbage it cleans for stops deep passes until the next compaction
+//! ([`DeepPassState`]).
+
+use crate::db::{DbInner, MaintState};
+use crate::vlog::{Reserve, SegMeta};
+use flash::SegmentId;
+
+/// How much less live than the log's densest sealed segment a segment must
+/// be for a deep pass ([`DbInner::deep_pass_due`]) to clean it: a
+/// twentieth of it at least must be garbage, or the pass's relocation and
+/// flush cost more than writers gain. Measured from the densest segment,
+/// not from 1: alignment padding and the space a record too large for a
+/// segment's end leaves are written again by relocation (4 KiB values are
+/// padded to 512 B boundaries, so a segment of them is at most 0.9 live;
+/// 16 KiB values in 64 KiB segments never fill more than 0.77 of one, and
+/// deep passes cleaning such segments gained nothing, forever).
+pub(crate) const DEEP_PASS_GAIN: f64 = 0.05;
+
+/// Free segments a deep pass's relocation leaves (one more when its flush
+/// needs a keytable segment): those a merge needs. One more made the
+/// passes safe too, but on a 6 GiB volume of an 8 GiB node it took a
+/// segment from the log's few hundred MiB of garbage, and random writes
+/// ran at 8.5k IOPS instead of 12.9k (`bench/RESULTS.md`, session 40).
+const DEEP_PASS_KEEP: u32 = crate::maint::kt_reserve::OPTIONAL;
+
+/// Free segments beyond its reserve and its victim's a deep pass must
+/// have for ordinary writes to go on beside it (else they wait for it).
+const DEEP_PASS_SPARE_FOR_WRITES: u32 = 2;
+
+/// Keytable pages beyond the estimate that the flush completing a deep
+/// pass is assumed to need at most (index pages, the relocated entries'
+/// own keys).
+const DEEP_FLUSH_SLACK_PAGES: u64 = 8;
+
+/// Whether deep passes may run (kept with GC's victims, under the
+/// maintenance lock).
+#[derive(Default)]
+pub(crate) struct DeepPassState {
+    /// The compaction count when a deep pass found less than half the
+    /// garbage it cleans for: none runs again before a compaction (which
+    /// may release values) has.
+    fruitless_at: Option<u64>,
+}
+
+impl DeepPassState {
+    /// Whether a deep pass may run after `compactions` compactions.
+    fn allowed(&mut self, compactions: u64) -> bool {
+        if self.fruitless_at.is_some_and(|at| at != compactions) {
+            self.fruitless_at = None;
+        }
+        self.fruitless_at.is_none()
+    }
+
+    /// A deep pass cleaned a segment of `meta` and found `dead` bytes of
+    /// garbage in it, after `compactions` compactions.
+    pub(crate) fn cleaned(&mut self, meta: &SegMeta, dead: u64, compactions: u64) {
+        let expected = meta.written_bytes as f64 * DEEP_PASS_GAIN;
+        if (dead as f64) < expected / 2.0 {
+            self.fruitless_at = Some(compactions);
+        }
+    }
+}
+
+/// The segment a deep pass would clean, and where it relocates.
+pub(crate) struct DeepVictim {
+    pub(crate) reserve: Reserve,
+    pub(crate) victim: (SegmentId, SegMeta),
+}
+
+impl DbInner {
+    /// The segment a deep pass would clean now, if one may run after
+    /// `compactions` compactions and a segment clearly less live than the
+    /// densest fits where it may relocate. Whether it should run yet is
+    /// [`Self::deep_pass_due`].
+    pub(crate) fn deep_victim(&self, st: &mut MaintState, compactions: u64) -> Option<DeepVictim> {
+        if !st.gc.deep.allowed(compactions) {
+            return None;
+        }
+        let reserve = self.deep_pass_reserve(st);
+        let victim = self.victims(st, self.deep_pass_live(), 1, reserve).pop()?;
+        Some(DeepVictim { reserve, victim })
+    }
+
+    /// Whether a deep pass may run: nothing cheaper can release space —
+    /// the writes waiting in the memtables and runs are not worth a merge
+    /// yet (`lowspace.rs`; cleaning first would relocate values about to
+    /// die), and no segment cleaned or released earlier waits to be freed.
+    pub(crate) fn deep_pass_due(&self, st: &MaintState) -> bool {
+        self.sv.read().imm.is_none()
+            && st.gc.settled()
+            && self.flash.pending_free_segments() == 0
+            && !self.low_space_merge_due(true)
+    }
+
+    /// Whether ordinary writes must wait while a deep pass relocates with
+    /// `reserve`: it has no segment to spare for them (they appended into
+    /// the open segment the relocation counted on, the pass failed half
+    /// done with 2 segments free, and neither a merge nor another pass
+    /// could run again).
+    pub(crate) fn deep_pass_holds_writes(&self, reserve: Reserve) -> bool {
+        match reserve {
+            Reserve::LeaveFree(keep) => {
+                self.flash.free_segments() < keep + 1 + DEEP_PASS_SPARE_FOR_WRITES
+            }
+            _ => false,
+        }
+    }
+
+    /// Where a deep pass relocates: never into the segments a merge needs
+    /// ([`DEEP_PASS_KEEP`]), nor into the one the flush completing the pass
+    /// needs when the keytable segment has no room for it. (Relocating
+    /// into the last free segments wedged a small, overfull device: its
+    /// merges could never run again.)
+    fn deep_pass_reserve(&self, st: &MaintState) -> Reserve {
+        let flush = u32::from(!self.deep_flush_fits(st));
+        Reserve::LeaveFree(DEEP_PASS_KEEP + flush)
+    }
+
+    /// The live fraction below which a deep pass cleans a segment (see
+    /// [`DEEP_PASS_GAIN`]).
+    pub(crate) fn deep_pass_live(&self) -> f64 {
+        self.vlog.densest_live_fraction() - DEEP_PASS_GAIN
+    }
+
+    /// Whether deep passes wait for a keytable segment: theirs has no room
+    /// for their flush and too few segments are free to open one beside
+    /// the relocation. A merge of the runs then opens it (and the old one
+    /// is freed once the merge replaced what it held).
+    pub(crate) fn deep_pass_blocked(&self, st: &MaintState) -> bool {
+        self.flash.free_segments() <= DEEP_PASS_KEEP + 1 && !self.deep_flush_fits(st)
+    }
+
+    /// Whether the keytable segment has room for the flush that completes
+    /// a deep pass (see [`Self::deep_flush_pages`]).
+    fn deep_flush_fits(&self, st: &MaintState) -> bool {
+        let seg_pages = self.flash.geometry().pages_per_segment;
+        u64::from(st.kt.room_pages(seg_pages)) >= self.deep_flush_pages()
+    }
+
+    /// Keytable pages the flush completing a deep pass writes at most: the
+    /// relocated entries of a victim (at most `1 - DEEP_PASS_GAIN` live)
+    /// and what the memtable holds, each entry taking its share of
+    /// the keytables now (their bytes per live value byte, and per entry),
+    /// plus [`DEEP_FLUSH_SLACK_PAGES`]. The ordinary estimate, twice the
+    /// first level, is L1 itself when no run is flushed: a deep pass then
+    /// always counted on a keytable segment of its own, and with three
+    /// segments free none could run.
+    pub(crate) fn deep_flush_pages(&self) -> u64 {
+        let (version, memtable_entries) = {
+            let sv = self.sv.read();
+            (sv.version.clone(), sv.mem.len() as u64)
+        };
+        let (entries, bytes) = self.keytable_totals(&version, version.levels.len());
+        let live = u128::from(self.vlog.live_bytes().max(1));
+        let victim = self.flash.geometry().segment_bytes() as f64 * (1.0 - DEEP_PASS_GAIN);
+        let relocated = victim as u128 * u128::from(bytes) / live;
+        let held = u128::from(memtable_entries) * u128::from(bytes) / u128::from(entries.max(1));
+        let pages = (relocated + held) / self.page as u128 + 1;
+        u64::try_from(pages)
+            .unwrap_or(u64::MAX)
+            .saturating_add(DEEP_FLUSH_SLACK_PAGES)
+    }
+}
