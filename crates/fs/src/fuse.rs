@@ -25,6 +25,7 @@ use crate::attrs::{SetAttr, SetTime, XattrMode};
 use crate::error::FsError;
 use crate::filesystem::FileSystem;
 use crate::inode::{Inode, Kind, Time};
+use crate::metrics::{FuseStats, Op};
 use crate::namespace::{Caller, NewNode, NAME_MAX};
 use crate::seek::Seek;
 
@@ -46,6 +47,7 @@ pub struct FuseFs {
     dirs: Mutex<HashMap<u64, Listing>>,
     next_fh: AtomicU64,
     writeback: bool,
+    stats: Arc<FuseStats>,
 }
 
 impl FuseFs {
@@ -58,7 +60,13 @@ impl FuseFs {
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             writeback,
+            stats: Arc::default(),
         }
+    }
+
+    /// The mount's request counters (for `--metrics`).
+    pub fn stats(&self) -> Arc<FuseStats> {
+        self.stats.clone()
     }
 
     fn attr(&self, i: &Inode) -> FileAttr {
@@ -116,12 +124,6 @@ fn file_type(k: Kind) -> FileType {
 }
 
 /// The errno for `e`, logging failures that are not the caller's.
-fn errno(op: &str, e: &FsError) -> Errno {
-    if !matches!(e, FsError::Posix(_)) {
-        tracing::warn!(op, error = %e, "file system request failed");
-    }
-    Errno::from_i32(e.errno())
-}
 
 /// Whether the caller lacks `CAP_FSETID` (and so loses set-ID bits when
 /// it writes or truncates). FUSE passes no capabilities, only ids: a
@@ -145,6 +147,17 @@ fn set_time(t: TimeOrNow) -> SetTime {
 }
 
 impl FuseFs {
+    /// The errno answering `e` for operation `op`, counted; a failure
+    /// other than a POSIX error is logged.
+    fn errno(&self, op: &str, e: &FsError) -> Errno {
+        let posix = matches!(e, FsError::Posix(_));
+        if !posix {
+            tracing::warn!(op, error = %e, "file system request failed");
+        }
+        self.stats.error(op, posix);
+        Errno::from_i32(e.errno())
+    }
+
     fn reply_entry(&self, op: &str, r: crate::error::Result<Inode>, reply: ReplyEntry) {
         match r {
             Ok(i) => {
@@ -152,28 +165,28 @@ impl FuseFs {
                 self.fs.pin(i.ino, 1);
                 reply.entry(&TTL, &self.attr(&i), Generation(0))
             }
-            Err(e) => reply.error(errno(op, &e)),
+            Err(e) => reply.error(self.errno(op, &e)),
         }
     }
 
     fn reply_attr(&self, op: &str, r: crate::error::Result<Inode>, reply: ReplyAttr) {
         match r {
             Ok(i) => reply.attr(&TTL, &self.attr(&i)),
-            Err(e) => reply.error(errno(op, &e)),
+            Err(e) => reply.error(self.errno(op, &e)),
         }
     }
 
-    fn reply_data(op: &str, r: crate::error::Result<Vec<u8>>, reply: ReplyData) {
+    fn reply_data(&self, op: &str, r: crate::error::Result<Vec<u8>>, reply: ReplyData) {
         match r {
             Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(op, &e)),
+            Err(e) => reply.error(self.errno(op, &e)),
         }
     }
 
-    fn reply_empty(op: &str, r: crate::error::Result<()>, reply: ReplyEmpty) {
+    fn reply_empty(&self, op: &str, r: crate::error::Result<()>, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(op, &e)),
+            Err(e) => reply.error(self.errno(op, &e)),
         }
     }
 
@@ -237,6 +250,7 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _t = self.stats.begin(Op::Lookup);
         match self.fs.lookup(parent.0, name.as_bytes()) {
             // A negative entry (inode 0) that the kernel keeps for TTL, so
             // a repeated probe of a missing name (PATH and import searches,
@@ -252,12 +266,14 @@ impl Filesystem for FuseFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _t = self.stats.begin(Op::Forget);
         if let Err(e) = self.fs.unpin(ino.0, nlookup) {
             tracing::warn!(ino = ino.0, error = %e, "cannot reclaim a forgotten unlinked file now; the next mount will");
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _t = self.stats.begin(Op::Getattr);
         self.reply_attr("getattr", self.fs.inode(ino.0), reply);
     }
 
@@ -279,6 +295,7 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _t = self.stats.begin(Op::Setattr);
         // `chown(f, -1, -1)` reaches us as a change of nothing but (with
         // the write-back cache, for a regular file) ctime: the kernel
         // dropped the owner change it would have made but still expects
@@ -312,7 +329,8 @@ impl Filesystem for FuseFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        Self::reply_data("readlink", self.fs.readlink(ino.0), reply);
+        let _t = self.stats.begin(Op::Readlink);
+        self.reply_data("readlink", self.fs.readlink(ino.0), reply);
     }
 
     fn mknod(
@@ -325,6 +343,7 @@ impl Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.stats.begin(Op::Mknod);
         let Some(kind) = Kind::from_mode(mode).filter(|k| *k != Kind::Dir && *k != Kind::Symlink)
         else {
             return reply.error(Errno::EINVAL);
@@ -347,6 +366,7 @@ impl Filesystem for FuseFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.stats.begin(Op::Mkdir);
         let new = NewNode {
             kind: Kind::Dir,
             perm: mode,
@@ -357,11 +377,13 @@ impl Filesystem for FuseFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::reply_empty("unlink", self.fs.unlink(parent.0, name.as_bytes()), reply);
+        let _t = self.stats.begin(Op::Unlink);
+        self.reply_empty("unlink", self.fs.unlink(parent.0, name.as_bytes()), reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::reply_empty("rmdir", self.fs.rmdir(parent.0, name.as_bytes()), reply);
+        let _t = self.stats.begin(Op::Rmdir);
+        self.reply_empty("rmdir", self.fs.rmdir(parent.0, name.as_bytes()), reply);
     }
 
     fn symlink(
@@ -372,6 +394,7 @@ impl Filesystem for FuseFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _t = self.stats.begin(Op::Symlink);
         let new = NewNode {
             kind: Kind::Symlink,
             perm: 0o777,
@@ -391,6 +414,7 @@ impl Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.begin(Op::Rename);
         let r = self.fs.rename(
             parent.0,
             name.as_bytes(),
@@ -399,7 +423,7 @@ impl Filesystem for FuseFs {
             flags.contains(RenameFlags::RENAME_NOREPLACE),
             flags.contains(RenameFlags::RENAME_EXCHANGE),
         );
-        Self::reply_empty("rename", r, reply);
+        self.reply_empty("rename", r, reply);
     }
 
     fn link(
@@ -410,6 +434,7 @@ impl Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _t = self.stats.begin(Op::Link);
         self.reply_entry(
             "link",
             self.fs.link(ino.0, newparent.0, newname.as_bytes()),
@@ -418,12 +443,13 @@ impl Filesystem for FuseFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.stats.begin(Op::Open);
         match self.fs.inode(ino.0) {
             Ok(_) => {
                 self.fs.opened(ino.0);
                 reply.opened(FileHandle(0), FopenFlags::empty());
             }
-            Err(e) => reply.error(errno("open", &e)),
+            Err(e) => reply.error(self.errno("open", &e)),
         }
     }
 
@@ -438,7 +464,12 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        Self::reply_data("read", self.fs.read(ino.0, offset, size.min(MAX_IO)), reply);
+        let _t = self.stats.begin(Op::Read);
+        let r = self.fs.read(ino.0, offset, size.min(MAX_IO));
+        if let Ok(d) = &r {
+            self.stats.read_bytes(d.len());
+        }
+        self.reply_data("read", r, reply);
     }
 
     fn write(
@@ -453,14 +484,18 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _t = self.stats.begin(Op::Write);
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             if let Err(e) = self.fs.drop_set_id(ino.0) {
-                return reply.error(errno("write", &e));
+                return reply.error(self.errno("write", &e));
             }
         }
         match self.fs.write(ino.0, offset, data) {
-            Ok(()) => reply.written(data.len() as u32),
-            Err(e) => reply.error(errno("write", &e)),
+            Ok(()) => {
+                self.stats.written_bytes(data.len());
+                reply.written(data.len() as u32)
+            }
+            Err(e) => reply.error(self.errno("write", &e)),
         }
     }
 
@@ -472,6 +507,7 @@ impl Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.begin(Op::Flush);
         // Every close() sends a FLUSH, a round trip that a create (LOOKUP,
         // CREATE, GETATTR of the directory, FLUSH, RELEASE) could do
         // without: RELEASE writes the inode back as well, and the kernel
@@ -480,7 +516,7 @@ impl Filesystem for FuseFs {
         // kernel to stop sending it; close() then returns 0.
         match self.fs.flush_inode(ino.0) {
             Ok(()) => reply.error(Errno::ENOSYS),
-            Err(e) => reply.error(errno("flush", &e)),
+            Err(e) => reply.error(self.errno("flush", &e)),
         }
     }
 
@@ -494,7 +530,8 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        Self::reply_empty("release", self.fs.released(ino.0), reply);
+        let _t = self.stats.begin(Op::Release);
+        self.reply_empty("release", self.fs.released(ino.0), reply);
     }
 
     fn fsync(
@@ -505,10 +542,12 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::reply_empty("fsync", self.fs.fsync(ino.0), reply);
+        let _t = self.stats.begin(Op::Fsync);
+        self.reply_empty("fsync", self.fs.fsync(ino.0), reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.stats.begin(Op::Opendir);
         let listing = self.fs.inode(ino.0).and_then(|d| {
             if d.kind != Kind::Dir {
                 return crate::error::posix(libc::ENOTDIR);
@@ -528,7 +567,7 @@ impl Filesystem for FuseFs {
                 self.dirs.lock().insert(fh, l);
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
-            Err(e) => reply.error(errno("opendir", &e)),
+            Err(e) => reply.error(self.errno("opendir", &e)),
         }
     }
 
@@ -540,6 +579,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _t = self.stats.begin(Op::Readdir);
         let mut sent = Vec::new();
         {
             let dirs = self.dirs.lock();
@@ -584,6 +624,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _t = self.stats.begin(Op::Readdirplus);
         let window: Vec<(usize, Vec<u8>, u64)> = {
             let dirs = self.dirs.lock();
             let Some(listing) = dirs.get(&fh.0) else {
@@ -600,7 +641,7 @@ impl Filesystem for FuseFs {
         let inos: Vec<u64> = window.iter().map(|(_, _, child)| *child).collect();
         let inodes = match self.fs.inodes(&inos) {
             Ok(v) => v,
-            Err(e) => return reply.error(errno("readdirplus", &e)),
+            Err(e) => return reply.error(self.errno("readdirplus", &e)),
         };
         for ((i, name, child), inode) in window.into_iter().zip(inodes) {
             // An entry removed since the listing was taken is left out
@@ -619,7 +660,7 @@ impl Filesystem for FuseFs {
                 match self.fs.lookup_entry(ino.0, &name) {
                     Ok((now, _)) if now == child => {}
                     Ok(_) | Err(FsError::Posix(_)) => continue,
-                    Err(e) => return reply.error(errno("readdirplus", &e)),
+                    Err(e) => return reply.error(self.errno("readdirplus", &e)),
                 }
             }
             let attr = self.attr(&inode);
@@ -648,6 +689,7 @@ impl Filesystem for FuseFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.begin(Op::Releasedir);
         self.dirs.lock().remove(&fh.0);
         reply.ok();
     }
@@ -660,10 +702,12 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::reply_empty("fsyncdir", self.fs.sync_all(), reply);
+        let _t = self.stats.begin(Op::Fsyncdir);
+        self.reply_empty("fsyncdir", self.fs.sync_all(), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _t = self.stats.begin(Op::Statfs);
         let bsize = 4096u64;
         // Unknown capacity (no node answers): a large, free file system.
         let (total, free) = self
@@ -694,13 +738,14 @@ impl Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.begin(Op::Setxattr);
         let mode = match flags {
             0 => XattrMode::Any,
             libc::XATTR_CREATE => XattrMode::Create,
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        Self::reply_empty(
+        self.reply_empty(
             "setxattr",
             self.fs.setxattr(ino.0, name.as_bytes(), value, mode),
             reply,
@@ -708,13 +753,15 @@ impl Filesystem for FuseFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _t = self.stats.begin(Op::Getxattr);
         match self.fs.getxattr(ino.0, name.as_bytes()) {
             Ok(v) => reply_sized(&v, size, reply),
-            Err(e) => reply.error(errno("getxattr", &e)),
+            Err(e) => reply.error(self.errno("getxattr", &e)),
         }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _t = self.stats.begin(Op::Listxattr);
         match self.fs.listxattr(ino.0) {
             Ok(names) => {
                 let mut all = Vec::new();
@@ -724,7 +771,7 @@ impl Filesystem for FuseFs {
                 }
                 reply_sized(&all, size, reply);
             }
-            Err(e) => reply.error(errno("listxattr", &e)),
+            Err(e) => reply.error(self.errno("listxattr", &e)),
         }
     }
 
@@ -738,12 +785,13 @@ impl Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.begin(Op::Fallocate);
         // Like a write (`file_modified`): the kernel leaves clearing the
         // set-ID bits to us (FUSE_HANDLE_KILLPRIV_V2) without saying so.
         let r = self
             .drop_set_id_for(req, ino.0)
             .and_then(|()| self.fs.fallocate(ino.0, offset, length, mode));
-        Self::reply_empty("fallocate", r, reply);
+        self.reply_empty("fallocate", r, reply);
     }
 
     fn copy_file_range(
@@ -759,6 +807,7 @@ impl Filesystem for FuseFs {
         _flags: fuser::CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let _t = self.stats.begin(Op::CopyFileRange);
         // A write to the destination: set-ID bits go as for a write.
         let r = self.drop_set_id_for(req, ino_out.0).and_then(|()| {
             self.fs
@@ -768,7 +817,7 @@ impl Filesystem for FuseFs {
             // At most the adapter's per-call limit (256 MiB): fits the
             // reply's u32.
             Ok(n) => reply.written(n.min(u64::from(u32::MAX)) as u32),
-            Err(e) => reply.error(errno("copy_file_range", &e)),
+            Err(e) => reply.error(self.errno("copy_file_range", &e)),
         }
     }
 
@@ -781,6 +830,7 @@ impl Filesystem for FuseFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let _t = self.stats.begin(Op::Lseek);
         // The kernel answers SEEK_SET, SEEK_CUR and SEEK_END itself, and
         // writes back its dirty pages of the file before it asks.
         let to = match whence {
@@ -796,7 +846,7 @@ impl Filesystem for FuseFs {
         match self.fs.seek(ino.0, offset, to) {
             // At most the file's size, itself at most `i64::MAX`.
             Ok(at) => reply.offset(i64::try_from(at).unwrap_or(i64::MAX)),
-            Err(e) => reply.error(errno("lseek", &e)),
+            Err(e) => reply.error(self.errno("lseek", &e)),
         }
     }
 
@@ -819,7 +869,8 @@ impl Filesystem for FuseFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::reply_empty(
+        let _t = self.stats.begin(Op::Removexattr);
+        self.reply_empty(
             "removexattr",
             self.fs.removexattr(ino.0, name.as_bytes()),
             reply,
@@ -836,6 +887,7 @@ impl Filesystem for FuseFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        let _t = self.stats.begin(Op::Create);
         let new = NewNode {
             kind: Kind::File,
             perm: mode,
@@ -855,7 +907,7 @@ impl Filesystem for FuseFs {
                     FopenFlags::empty(),
                 );
             }
-            Err(e) => reply.error(errno("create", &e)),
+            Err(e) => reply.error(self.errno("create", &e)),
         }
     }
 }

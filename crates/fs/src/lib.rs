@@ -6,7 +6,8 @@
 //! set (`filesystem.rs`, `namespace.rs`, `attrs.rs`), chunked file data
 //! (`data.rs`; where its holes are and the blocks it takes in `seek.rs`
 //! and `blocks.rs`), the cluster's file systems (`registry.rs`), the one-mount
-//! lease (`lease.rs`) and the kernel interface (`fuse.rs`, and the mount's
+//! lease (`lease.rs`) and the kernel interface (`fuse.rs`, its counters
+//! in `metrics.rs`, and the mount's
 //! read-ahead window in `readahead.rs`). It is built on
 //! [`client::Store`] only, so its logic runs against the in-memory model in
 //! tests and against the cluster when mounted.
@@ -22,6 +23,7 @@ pub mod fuse;
 pub mod inode;
 pub mod layout;
 pub mod lease;
+pub mod metrics;
 pub mod namespace;
 pub mod readahead;
 pub mod registry;

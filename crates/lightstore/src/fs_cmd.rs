@@ -105,6 +105,11 @@ pub struct MountArgs {
     /// keeps the kernel's).
     #[arg(long, value_parser = crate::bench::parse_size, default_value = "4M")]
     read_ahead: u64,
+    /// Serve request counters (per FUSE operation: requests, seconds,
+    /// errors; bytes read and written) in the Prometheus format on this
+    /// address.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 fn chunk_size(v: Option<u64>) -> Result<u32, Box<dyn std::error::Error>> {
@@ -274,11 +279,17 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(args.threads.max(1));
     config.clone_fd = true;
-    let mut session = match fuser::Session::new(
-        FuseFs::new(fs.clone(), args.writeback_cache == "yes"),
-        &args.mountpoint,
-        &config,
-    ) {
+    let fuse_fs = FuseFs::new(fs.clone(), args.writeback_cache == "yes");
+    if let Some(addr) = &args.metrics {
+        let serve =
+            std::net::TcpListener::bind(addr).and_then(|l| fs::metrics::serve(fuse_fs.stats(), l));
+        if let Err(e) = serve {
+            fs.stop_write_behind();
+            let _ = lease.release();
+            return Err(format!("cannot serve metrics on {addr}: {e}").into());
+        }
+    }
+    let mut session = match fuser::Session::new(fuse_fs, &args.mountpoint, &config) {
         Ok(s) => s,
         Err(e) => {
             // Let the next mount in at once.
@@ -332,8 +343,11 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         });
     }
+    let metrics = args.metrics.as_ref().map_or(String::new(), |m| {
+        format!("; metrics on http://{m}/metrics")
+    });
     eprintln!(
-        "lightstore mount: {name} mounted on {}",
+        "lightstore mount: {name} mounted on {}{metrics}",
         args.mountpoint.display()
     );
     let served = session.run();

@@ -847,6 +847,55 @@ print([seek(0, os.SEEK_DATA), seek(1 << 20, os.SEEK_HOLE), seek((1 << 20) + 6553
     m.stop();
 }
 
+/// `--metrics` serves the mount's counters: the operations a small
+/// workload asked for, their errors and the bytes it wrote and read.
+#[test]
+fn metrics_count_the_mounts_requests() {
+    if !can_mount() {
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let metrics = format!("127.0.0.1:{}", node_support::free_port());
+    let m = Mount::start(
+        &nodes,
+        "metrics",
+        &mnt,
+        &["--create", "--metrics", &metrics],
+    );
+    std::fs::write(mnt.join("f"), vec![7u8; 100_000]).expect("write");
+    let back = std::fs::read(mnt.join("f")).expect("read");
+    assert_eq!(back.len(), 100_000);
+    assert!(std::fs::metadata(mnt.join("missing")).is_err());
+    std::fs::create_dir_all(mnt.join("d/e")).expect("mkdir");
+    assert!(std::fs::remove_dir(mnt.join("d")).is_err(), "ENOTEMPTY");
+    let mut conn = std::net::TcpStream::connect(&metrics).expect("metrics");
+    std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.0\r\n\r\n").expect("get");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut text).expect("read");
+    let value = |key: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    for op in ["lookup", "create", "write", "mkdir"] {
+        let key = format!("lightstore_fs_requests_total{{op=\"{op}\"}} ");
+        assert!(value(&key) > 0.0, "no {op} counted:\n{text}");
+    }
+    assert!(
+        value("lightstore_fs_posix_errors_total{op=\"rmdir\"} ") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        value("lightstore_fs_written_bytes_total ") >= 100_000.0,
+        "{text}"
+    );
+    m.stop();
+}
+
 /// The workload SQLite puts on a file system: a database in WAL mode
 /// (a shared-memory index mapped from the `-shm` file) and one with a
 /// rollback journal, then VACUUM; prints each mode's integrity check and
