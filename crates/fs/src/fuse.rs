@@ -123,8 +123,6 @@ fn file_type(k: Kind) -> FileType {
     }
 }
 
-/// The errno for `e`, logging failures that are not the caller's.
-
 /// Whether the caller lacks `CAP_FSETID` (and so loses set-ID bits when
 /// it writes or truncates). FUSE passes no capabilities, only ids: a
 /// caller other than root is taken to lack it.
