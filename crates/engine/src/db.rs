@@ -558,9 +558,12 @@ impl DbInner {
             Reserve::User
         };
         let append = || {
-            // A deep GC pass counted on the open segment's room for its
-            // relocation: ordinary writes wait for it (`deeppass.rs`).
-            if reserve == Reserve::User && self.signal.deep_pass_running() {
+            // A deep GC pass counts on the room its victim fits in:
+            // ordinary writes leave it that and a margin, or wait for the
+            // pass (`deeppass.rs`).
+            if reserve == Reserve::User
+                && self.flash.free_segments() < self.signal.deep_pass_floor()
+            {
                 return Err(Error::NoSpace);
             }
             self.vlog.append(&recs, reserve, |i, seq, ptr| {

@@ -122,11 +122,13 @@ impl DbInner {
         }
         Counters::add(&self.counters.gc_runs, 1);
         let mut cleaned = 0;
-        self.signal
-            .set_deep_pass_running(deep && self.deep_pass_holds_writes(reserve));
         for (seg, meta) in &victims {
+            if deep {
+                self.signal
+                    .set_deep_pass_floor(self.deep_pass_write_floor(reserve, meta));
+            }
             let found = self.gc_segment(*seg, meta, reserve);
-            self.signal.set_deep_pass_running(false);
+            self.signal.set_deep_pass_floor(0);
             match found? {
                 Some(dead) => {
                     st.gc.awaiting_flush.push(*seg);

@@ -9,7 +9,7 @@
 //! "still behind" and then waits holds it across the check: a flush notice
 //! given in between is not lost.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -27,8 +27,9 @@ pub(crate) struct MaintSignal {
     /// Published by GC short of space: whether its deep pass (`deeppass.rs`)
     /// found a segment to clean that fits the free segments.
     deep_pass_possible: AtomicBool,
-    /// Raised while a deep pass relocates: ordinary writes wait.
-    deep_pass_running: AtomicBool,
+    /// While a deep pass relocates, the free segments below which ordinary
+    /// writes wait (0: no pass runs).
+    deep_pass_floor: AtomicU32,
 }
 
 impl MaintSignal {
@@ -40,22 +41,23 @@ impl MaintSignal {
             stopping: AtomicBool::new(false),
             space_wanted: AtomicBool::new(false),
             deep_pass_possible: AtomicBool::new(false),
-            deep_pass_running: AtomicBool::new(false),
+            deep_pass_floor: AtomicU32::new(0),
         }
     }
 
-    /// GC: a deep pass starts (`true`) or ends relocating. Its victim was
-    /// chosen to fit the free segments and the open segment's room;
-    /// ordinary writes appended meanwhile took that room, and the pass ran
-    /// out of space half done.
-    pub(crate) fn set_deep_pass_running(&self, running: bool) {
-        self.deep_pass_running.store(running, Ordering::Release);
+    /// GC: a deep pass starts relocating, and ordinary writes must leave
+    /// `floor` segments free (0: it ended). Its victim was chosen to fit
+    /// the free segments; ordinary writes appended meanwhile could take
+    /// that room, and the pass ran out of space half done.
+    pub(crate) fn set_deep_pass_floor(&self, floor: u32) {
+        self.deep_pass_floor.store(floor, Ordering::Release);
     }
 
-    /// Whether a deep pass is relocating (an ordinary write then waits as
-    /// if refused for room).
-    pub(crate) fn deep_pass_running(&self) -> bool {
-        self.deep_pass_running.load(Ordering::Acquire)
+    /// The free segments an ordinary write must leave while a deep pass
+    /// relocates (0: none runs); below them it waits as if refused for
+    /// room.
+    pub(crate) fn deep_pass_floor(&self) -> u32 {
+        self.deep_pass_floor.load(Ordering::Acquire)
     }
 
     /// GC: whether a deep pass could clean a segment now.
