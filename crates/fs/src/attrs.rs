@@ -61,7 +61,7 @@ impl FileSystem {
             }
             if size < i.size {
                 self.drop_data_past(ino, size)?;
-                self.held.forget(ino);
+                self.held.shrunk(ino, size.div_ceil(self.chunk));
             }
         }
         let (_ns, mut txn) = self.begin();

@@ -12,8 +12,9 @@
 //! more is taken as dense) and then keeps the count while writes change
 //! it: exact for chunks past the old end and for chunks a write read
 //! first; a whole chunk overwritten inside the file counts as new, so the
-//! count is an upper bound (never above the size's chunks) until a
-//! truncation or punched range drops it, to be listed again. A file with
+//! count is an upper bound (never above the size's chunks), listed again
+//! after a truncation or punched range when the file is small (up to
+//! [`RECOUNT_MAX_CHUNKS`]) and kept as the bound otherwise. A file with
 //! data never has zero blocks (`tar` archives such a file as all holes):
 //! the listing may include chunks deleted a moment ago, never miss one.
 
@@ -28,6 +29,9 @@ use crate::inode::{Inode, Kind, MAY_HAVE_HOLES};
 /// Chunk keys one count lists at most (with 8 KiB chunks, 512 MiB of
 /// data); a file holding more is counted as dense.
 const COUNT_MAX: usize = 1 << 16;
+/// Files of at most this many chunks are counted again after chunks were
+/// deleted (a listing of a few milliseconds at most).
+const RECOUNT_MAX_CHUNKS: u64 = 4096;
 /// Chunk keys listed per store call while counting.
 const COUNT_PAGE: usize = 4096;
 
@@ -59,9 +63,25 @@ impl HeldChunks {
         }
     }
 
-    /// Chunks of `ino` were deleted (or it was): count it again when asked.
+    /// `ino` was deleted: forget its count.
     pub(crate) fn forget(&self, ino: u64) {
         self.files.lock().remove(&ino);
+    }
+
+    /// Chunks of `ino` were deleted (a truncation, a punched range), and it
+    /// is now `chunks` chunks long at most. A file of at most
+    /// [`RECOUNT_MAX_CHUNKS`] is counted again when asked; a larger one
+    /// keeps its count as an upper bound (cut to its length), since a
+    /// listing of tens of thousands of keys at the next attribute request
+    /// after each punched range (a VM image's discards) would cost tens of
+    /// milliseconds each.
+    pub(crate) fn shrunk(&self, ino: u64, chunks: u64) {
+        let mut files = self.files.lock();
+        if chunks <= RECOUNT_MAX_CHUNKS {
+            files.remove(&ino);
+        } else if let Some(Held::Known(n)) = files.get_mut(&ino) {
+            *n = (*n).min(chunks);
+        }
     }
 
     fn known(&self, ino: u64) -> Option<u64> {

@@ -332,7 +332,7 @@ impl FileSystem {
         let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
         if zero {
             self.zero_range(ino, offset, end.min(i.size), i.size)?;
-            self.held.forget(ino);
+            self.held.shrunk(ino, i.size.div_ceil(self.chunk));
         }
         let grow = mode & libc::FALLOC_FL_KEEP_SIZE == 0 && end > i.size;
         if zero || grow {

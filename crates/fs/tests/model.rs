@@ -628,6 +628,32 @@ fn blocks_count_what_a_sparse_file_holds() {
     assert_eq!(blocks(&fs, t.ino), 8);
 }
 
+/// A large file's count is kept as an upper bound after a punched range
+/// (no listing of every chunk after each discard); the next mount counts
+/// it afresh.
+#[test]
+fn a_large_files_count_stays_an_upper_bound_after_a_punch() {
+    let (store, fs, rec) = new_fs(4096);
+    let f = fs.make(ME, ROOT, b"big", node(Kind::File)).expect("f");
+    let grow = SetAttr {
+        size: Some(20 << 20),
+        ..Default::default()
+    };
+    fs.setattr(f.ino, &grow)
+        .expect("truncate up: may have holes");
+    fs.write(f.ino, 0, &vec![5u8; 20 << 20])
+        .expect("write 5,120 chunks");
+    let blocks = |fs: &FileSystem| fs.blocks(&fs.inode(f.ino).expect("f"));
+    assert_eq!(blocks(&fs), 40_960);
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(f.ino, 0, 1 << 20, punch).expect("punch 1 MiB");
+    assert_eq!(blocks(&fs), 40_960, "kept, not listed again");
+    fs.flush_all().expect("flush");
+    drop(fs);
+    let fs = FileSystem::open(store, &rec).expect("reopen");
+    assert_eq!(blocks(&fs), 38_912, "counted afresh");
+}
+
 /// Over random writes, punches and truncations, the blocks a mount keeps
 /// for a file are never fewer than a fresh count of what it holds (and
 /// never more than its size), so no tool takes data for holes.
