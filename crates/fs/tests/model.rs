@@ -20,6 +20,16 @@ fn new_fs(chunk: u32) -> (Arc<MemStore>, FileSystem, fs::FsRecord) {
     (store, fs, rec)
 }
 
+/// A deterministic generator of numbers below `n` (xorshift64).
+fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    }
+}
+
 fn node(kind: Kind) -> NewNode<'static> {
     NewNode {
         kind,
@@ -363,13 +373,7 @@ fn copy_range_copies_data_and_holes_and_stops_at_the_end() {
 
 #[test]
 fn copy_range_matches_a_byte_copy_on_random_sparse_files() {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rand = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rand = xorshift(0x9e37_79b9_7f4a_7c15u64);
     for round in 0..12 {
         let (_s, fs, _) = new_fs(4096);
         let a = fs.make(ME, ROOT, b"a", node(Kind::File)).expect("a");
@@ -542,13 +546,7 @@ fn seek_of(fs: &FileSystem, ino: u64, at: u64, to: fs::seek::Seek) -> u64 {
 #[test]
 fn copying_by_seek_data_and_seek_hole_misses_no_data() {
     use fs::seek::Seek::{Data, Hole};
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut rand = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rand = xorshift(0x2545_f491_4f6c_dd1du64);
     for round in 0..20 {
         let (_s, fs, _) = new_fs(4096);
         let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");
@@ -659,13 +657,7 @@ fn a_large_files_count_stays_an_upper_bound_after_a_punch() {
 /// never more than its size), so no tool takes data for holes.
 #[test]
 fn kept_block_counts_never_fall_below_what_is_held() {
-    let mut seed = 0x51_7cc1_b727_220au64;
-    let mut rand = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rand = xorshift(0x51_7cc1_b727_220au64);
     for round in 0..20 {
         let (store, fs, rec) = new_fs(4096);
         let f = fs.make(ME, ROOT, b"f", node(Kind::File)).expect("f");

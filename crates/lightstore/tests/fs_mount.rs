@@ -193,11 +193,16 @@ struct OneNode {
 
 /// File system `fs` created on a one-node cluster and mounted.
 fn mount_on_one_node(fs: &str) -> (OneNode, Mount) {
+    mount_on_one_node_with(fs, &["--create"])
+}
+
+/// [`mount_on_one_node`] with the mount's arguments `args`.
+fn mount_on_one_node_with(fs: &str, args: &[&str]) -> (OneNode, Mount) {
     let tc = TestCluster::start(1);
     let nodes = tc.addrs.join(",");
     let tmp = tempdir();
     let mnt = tmp.path().join("mnt");
-    let m = Mount::start(&nodes, fs, &mnt, &["--create"]);
+    let m = Mount::start(&nodes, fs, &mnt, args);
     (
         OneNode {
             tc,
@@ -854,17 +859,9 @@ fn metrics_count_the_mounts_requests() {
     if !can_mount() {
         return;
     }
-    let tc = TestCluster::start(1);
-    let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let mnt = tmp.path().join("mnt");
     let metrics = format!("127.0.0.1:{}", node_support::free_port());
-    let m = Mount::start(
-        &nodes,
-        "metrics",
-        &mnt,
-        &["--create", "--metrics", &metrics],
-    );
+    let (s, m) = mount_on_one_node_with("metrics", &["--create", "--metrics", &metrics]);
+    let mnt = &s.mnt;
     std::fs::write(mnt.join("f"), vec![7u8; 100_000]).expect("write");
     let back = std::fs::read(mnt.join("f")).expect("read");
     assert_eq!(back.len(), 100_000);
