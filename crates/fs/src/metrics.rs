@@ -1,5 +1,6 @@
 //! The mount's request counters (`lightstore mount --metrics ADDR`): per
-//! FUSE operation the requests answered and the seconds spent on them, the
+//! FUSE operation the requests answered and a histogram of the time each
+//! took in the mount (the `latency` crate's buckets, as the node's), the
 //! errors answered (POSIX ones such as ENOENT apart from failures of the
 //! cluster, which become EIO), and the bytes read and written, in the
 //! Prometheus text format over HTTP, as `lightstore nbd --metrics` does.
@@ -9,6 +10,8 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use latency::{Histogram, HistogramSnapshot};
 
 /// The operations counted, by [`Op`] index; "other" takes an error
 /// reported under a name not listed.
@@ -89,8 +92,7 @@ pub enum Op {
 
 /// The counters of one mount.
 pub struct FuseStats {
-    requests: [AtomicU64; N],
-    micros: [AtomicU64; N],
+    latency: [Histogram; N],
     posix_errors: [AtomicU64; N],
     store_errors: [AtomicU64; N],
     bytes_read: AtomicU64,
@@ -100,8 +102,7 @@ pub struct FuseStats {
 impl Default for FuseStats {
     fn default() -> Self {
         FuseStats {
-            requests: std::array::from_fn(|_| AtomicU64::new(0)),
-            micros: std::array::from_fn(|_| AtomicU64::new(0)),
+            latency: std::array::from_fn(|_| Histogram::default()),
             posix_errors: std::array::from_fn(|_| AtomicU64::new(0)),
             store_errors: std::array::from_fn(|_| AtomicU64::new(0)),
             bytes_read: AtomicU64::new(0),
@@ -119,10 +120,7 @@ pub struct Timed<'a> {
 
 impl Drop for Timed<'_> {
     fn drop(&mut self) {
-        let i = self.op as usize;
-        let micros = u64::try_from(self.began.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.stats.requests[i].fetch_add(1, Ordering::Relaxed);
-        self.stats.micros[i].fetch_add(micros, Ordering::Relaxed);
+        self.stats.latency[self.op as usize].record_us(latency::micros(self.began.elapsed()));
     }
 }
 
@@ -164,33 +162,33 @@ impl FuseStats {
         use std::fmt::Write as _;
         let mut o = String::new();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        // Seconds are kept in microseconds.
-        let series = [
-            ("lightstore_fs_requests_total", &self.requests, false),
-            ("lightstore_fs_request_seconds_total", &self.micros, true),
-            (
-                "lightstore_fs_posix_errors_total",
-                &self.posix_errors,
-                false,
-            ),
-            (
-                "lightstore_fs_store_errors_total",
-                &self.store_errors,
-                false,
-            ),
-        ];
-        for (name, counters, micros) in series {
+        let asked: Vec<(&str, HistogramSnapshot)> = OP_NAMES
+            .iter()
+            .zip(&self.latency)
+            .map(|(op, h)| (*op, h.snapshot()))
+            .filter(|(_, h)| h.count > 0)
+            .collect();
+        let _ = writeln!(o, "# TYPE lightstore_fs_requests_total counter");
+        for (op, h) in &asked {
+            let _ = writeln!(o, "lightstore_fs_requests_total{{op=\"{op}\"}} {}", h.count);
+        }
+        latency::render_prometheus(
+            &mut o,
+            "lightstore_fs_request_duration_seconds",
+            "Time a FUSE request took in the mount, by operation.",
+            "op",
+            &asked,
+        );
+        for (name, counters) in [
+            ("lightstore_fs_posix_errors_total", &self.posix_errors),
+            ("lightstore_fs_store_errors_total", &self.store_errors),
+        ] {
             let _ = writeln!(o, "# TYPE {name} counter");
             for (op, c) in OP_NAMES.iter().zip(counters.iter()) {
                 let n = get(c);
-                if n == 0 {
-                    continue;
+                if n > 0 {
+                    let _ = writeln!(o, "{name}{{op=\"{op}\"}} {n}");
                 }
-                let _ = if micros {
-                    writeln!(o, "{name}{{op=\"{op}\"}} {:.6}", n as f64 / 1e6)
-                } else {
-                    writeln!(o, "{name}{{op=\"{op}\"}} {n}")
-                };
             }
         }
         for (name, c) in [
@@ -248,6 +246,10 @@ mod tests {
         let text = stats.render();
         assert!(
             text.contains("lightstore_fs_requests_total{op=\"lookup\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lightstore_fs_request_duration_seconds_count{op=\"lookup\"} 2\n"),
             "{text}"
         );
         assert!(

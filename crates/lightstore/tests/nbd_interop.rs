@@ -137,6 +137,17 @@ fn qemu_io_patterns_zeroes_discards_and_flushes() {
     };
     for cmd in ["read", "write", "flush", "trim", "write_zeroes"] {
         assert!(count(cmd) > 0, "no {cmd} counted:\n{text}");
+        let timed = format!("lightstore_nbd_request_duration_seconds_count{{command=\"{cmd}\"}} ");
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&timed))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert_eq!(
+            n,
+            count(cmd),
+            "{cmd}: a latency sample per request:\n{text}"
+        );
     }
     assert!(
         text.contains("lightstore_nbd_written_bytes_total "),

@@ -56,8 +56,12 @@ pub const COMMAND_NAMES: [&str; 7] = [
 pub struct Stats {
     /// Requests by command (see [`COMMAND_NAMES`]).
     pub requests: [AtomicU64; 7],
-    /// Microseconds spent serving them, by command.
+    /// Microseconds spent serving them, by command (a batch's time shared
+    /// among its requests).
     pub micros: [AtomicU64; 7],
+    /// By command, the time from when a request's batch began to when its
+    /// replies were ready.
+    pub latency: [latency::Histogram; 7],
     /// Bytes read and written.
     pub bytes_read: AtomicU64,
     /// See `bytes_read`.
@@ -827,9 +831,12 @@ impl NbdServer {
                 r.unwrap_or_else(|e| self.error_reply(s, &batch[i].0, e)),
             ));
         }
-        let per = began.elapsed().as_micros() as u64 / batch.len().max(1) as u64;
+        let took = latency::micros(began.elapsed());
+        let per = took / batch.len().max(1) as u64;
         for (req, _, _) in batch {
-            self.stats.micros[stat_index(req.kind)].fetch_add(per, Ordering::Relaxed);
+            let i = stat_index(req.kind);
+            self.stats.micros[i].fetch_add(per, Ordering::Relaxed);
+            self.stats.latency[i].record_us(took);
         }
         replies
             .into_iter()
@@ -1327,6 +1334,18 @@ impl NbdServer {
                 "lightstore_nbd_request_seconds_total{{command=\"{name}\"}} {s:.6}"
             );
         }
+        let series: Vec<(&str, latency::HistogramSnapshot)> = COMMAND_NAMES
+            .iter()
+            .zip(&st.latency)
+            .map(|(name, h)| (*name, h.snapshot()))
+            .collect();
+        latency::render_prometheus(
+            &mut o,
+            "lightstore_nbd_request_duration_seconds",
+            "Time from when a request's batch began to when its replies were ready, by command.",
+            "command",
+            &series,
+        );
         for (name, v) in [
             ("lightstore_nbd_read_bytes_total", &st.bytes_read),
             ("lightstore_nbd_written_bytes_total", &st.bytes_written),

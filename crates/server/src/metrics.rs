@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::cmd::COMMANDS;
 
 /// The log2 latency histogram, shared with the device's (`flash`).
-pub use flash::{bucket_bound_us, micros, Histogram, HistogramSnapshot};
+pub use flash::{micros, Histogram, HistogramSnapshot};
 
 /// Name under which requests for unknown or refused commands are recorded.
 pub const UNKNOWN: &str = "unknown";

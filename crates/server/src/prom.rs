@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::metrics::{bucket_bound_us, HistogramSnapshot, PhasesSnapshot};
+use crate::metrics::{HistogramSnapshot, PhasesSnapshot};
 
 /// Content type of [`render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -16,7 +16,7 @@ pub fn render(
     engine: &engine::Stats,
 ) -> String {
     let mut out = String::new();
-    histogram(
+    latency::render_prometheus(
         &mut out,
         "lightstore_command_duration_seconds",
         "Time a request spent in the node, by command.",
@@ -29,7 +29,7 @@ pub fn render(
         .iter()
         .map(|(op, h)| (op.name(), h.clone()))
         .collect();
-    histogram(
+    latency::render_prometheus(
         &mut out,
         "lightstore_device_operation_seconds",
         "Time a device operation took, by operation (see INFO device).",
@@ -72,34 +72,6 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 
 fn secs(us: u64) -> f64 {
     us as f64 / 1e6
-}
-
-/// One Prometheus histogram `name`, a series per `(label value, histogram)`.
-fn histogram(
-    out: &mut String,
-    name: &str,
-    help: &str,
-    label: &str,
-    series: &[(&str, HistogramSnapshot)],
-) {
-    header(out, name, "histogram", help);
-    for (value, h) in series {
-        let mut cumulative = 0;
-        for (i, n) in h.buckets.iter().enumerate() {
-            cumulative += n;
-            let le = secs(bucket_bound_us(i));
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{label}=\"{value}\",le=\"{le}\"}} {cumulative}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{label}=\"{value}\",le=\"+Inf\"}} {cumulative}"
-        );
-        let _ = writeln!(out, "{name}_sum{{{label}=\"{value}\"}} {}", secs(h.sum_us));
-        let _ = writeln!(out, "{name}_count{{{label}=\"{value}\"}} {cumulative}");
-    }
 }
 
 fn engine_gauges(out: &mut String, s: &engine::Stats) {
