@@ -68,7 +68,8 @@ enum VolumeAction {
     },
     /// List volumes.
     List,
-    /// Show a volume's record.
+    /// Show a volume's record and the space it takes (chunks held,
+    /// listed from the cluster).
     Info { name: String },
     /// Grow or shrink a volume (shrinking drops the data past the new end;
     /// refused while an adapter serves it, unless --force).
@@ -129,7 +130,12 @@ pub fn run_volume(args: VolumeArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         VolumeAction::Info { name } => match volume::open(store, &name)? {
-            Some(v) => print_volume(&v),
+            Some(v) => {
+                print_volume(&v);
+                let held = volume::allocated_chunks(store, &v)?;
+                let bytes = held.saturating_mul(u64::from(v.chunk_size)).min(v.size);
+                println!("allocated {bytes}\t{held} of {} chunks", v.chunks());
+            }
             None => return Err(format!("no volume named {name}").into()),
         },
         VolumeAction::Resize { name, size, force } => {

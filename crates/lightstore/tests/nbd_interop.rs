@@ -532,6 +532,14 @@ fn one_adapter_serves_a_volume_at_a_time() {
             .output()
             .expect("lightstore volume")
     };
+    // `info` shows the space a volume takes: the 1 MiB written of 16.
+    let info = volume(&["info", "vol1"]);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains("allocated 1048576\t"),
+        "{text}{}",
+        String::from_utf8_lossy(&info.stderr)
+    );
     // Listing and describing exports claims nothing: only serving does.
     assert!(volume(&["create", "vol2", "1M"]).status.success());
     let listed = run("nbdinfo", &["--list", &other.uri("")]);
