@@ -32,9 +32,9 @@ pub(crate) const DEEP_PASS_GAIN: f64 = 0.05;
 
 /// Free segments a deep pass's relocation leaves (one more when its flush
 /// needs a keytable segment): those a merge needs. One more made the
-/// passes safe too, but on a 6 GiB volume of an 8 GiB node it took a
-/// segment from the log's few hundred MiB of garbage, and random writes
-/// ran at 8.5k IOPS instead of 12.9k (`bench/RESULTS.md`, session 40).
+/// passes safe too, but took a segment from the little garbage a nearly
+/// full log holds, and random writes ran markedly slower
+/// (`bench/RESULTS.md`, session 40).
 const DEEP_PASS_KEEP: u32 = crate::maint::kt_reserve::OPTIONAL;
 
 /// Keytable pages beyond the estimate that the flush completing a deep
@@ -113,8 +113,8 @@ impl DbInner {
     /// could run again. (Checked only at the pass's start, a pass that
     /// began with room to spare could still lose it to writes while it
     /// ran; a fixed floor of two segments beyond the victim's held writes
-    /// back for most of each pass on a nearly full device, 11.5k IOPS of
-    /// random 4 KiB writes for 300 s against 12.9–13.6k.)
+    /// back for most of each pass on a nearly full device: random writes
+    /// ran measurably slower, `bench/RESULTS.md`, session 41.)
     pub(crate) fn deep_pass_write_floor(&self, reserve: Reserve, victim: &SegMeta) -> u32 {
         let Reserve::LeaveFree(keep) = reserve else {
             return 0;
