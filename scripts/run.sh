@@ -18,6 +18,6 @@ if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release --locked -p lightstore
-echo "starting lightstore node on 127.0.0.1:7379 (data data/lightstore)"
+echo "starting lightstore node (data data/lightstore; it says where it listens, 127.0.0.1:7379 unless --listen)"
 echo "talk to it with: redis-cli -p 7379 set hello world   (apt-get install redis-tools)"
 exec ./target/release/lightstore node --data data/lightstore "$@"
