@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use parking_lot::Mutex;
 
 use crate::error::Result;
-use crate::filesystem::FileSystem;
+use crate::filesystem::{for_each_page_while, FileSystem};
 use crate::inode::{Inode, Kind, MAY_HAVE_HOLES};
 
 /// Chunk keys one count lists at most (with 8 KiB chunks, 512 MiB of
@@ -32,8 +32,6 @@ const COUNT_MAX: usize = 1 << 16;
 /// Files of at most this many chunks are counted again after chunks were
 /// deleted (a listing of a few milliseconds at most).
 const RECOUNT_MAX_CHUNKS: u64 = 4096;
-/// Chunk keys listed per store call while counting.
-const COUNT_PAGE: usize = 4096;
 
 /// What the adapter knows of a flagged file's chunks.
 enum Held {
@@ -144,21 +142,16 @@ impl FileSystem {
         self.held.begin_count(ino);
         let (start, end) = self.keys.chunks_from(ino, 0);
         self.settle_range(&start, &end)?;
-        let mut from = start;
         let mut listed = 0usize;
-        loop {
-            let page = self.store.range_keys(&from, &end, COUNT_PAGE)?;
-            listed += page.len();
-            if listed > COUNT_MAX {
-                return Ok(None);
-            }
-            match page.last() {
-                Some(last) if page.len() == COUNT_PAGE => {
-                    from = last.to_vec();
-                    from.push(0);
-                }
-                _ => return Ok(Some(listed as u64)),
-            }
-        }
+        for_each_page_while(
+            &start,
+            |from, n| self.store.range_keys(from, &end, n),
+            |k| k,
+            |page| {
+                listed += page.len();
+                Ok(listed <= COUNT_MAX)
+            },
+        )?;
+        Ok((listed <= COUNT_MAX).then_some(listed as u64))
     }
 }

@@ -205,6 +205,16 @@ pub(crate) fn for_each_page<T, K: AsRef<[u8]>>(
     key: impl Fn(&T) -> &K,
     mut visit: impl FnMut(Vec<T>) -> Result<()>,
 ) -> Result<()> {
+    for_each_page_while(start, fetch, key, |page| visit(page).map(|()| true))
+}
+
+/// [`for_each_page`] that stops reading once `visit` answers false.
+pub(crate) fn for_each_page_while<T, K: AsRef<[u8]>>(
+    start: &[u8],
+    fetch: impl Fn(&[u8], usize) -> client::Result<Vec<T>>,
+    key: impl Fn(&T) -> &K,
+    mut visit: impl FnMut(Vec<T>) -> Result<bool>,
+) -> Result<()> {
     let mut from = start.to_vec();
     loop {
         let page = fetch(&from, PAGE)?;
@@ -213,8 +223,7 @@ pub(crate) fn for_each_page<T, K: AsRef<[u8]>>(
             from = key(last).as_ref().to_vec();
             from.push(0);
         }
-        visit(page)?;
-        if !full {
+        if !visit(page)? || !full {
             return Ok(());
         }
     }

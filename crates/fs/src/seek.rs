@@ -13,14 +13,12 @@
 //! adapter still buffers are written out first, so they count as data.
 
 use crate::error::{posix, Result};
-use crate::filesystem::FileSystem;
+use crate::filesystem::{for_each_page_while, FileSystem};
 use crate::inode::Kind;
 
 /// Held chunks one `SEEK_HOLE` lists at most before it answers the file's
 /// end (with 8 KiB chunks, 512 MiB of data in a row).
 const HOLE_SCAN_CHUNKS: u64 = 1 << 16;
-/// Chunk keys listed per store call while scanning.
-const SCAN_PAGE: usize = 1024;
 
 /// What a seek looks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,25 +68,25 @@ impl FileSystem {
     /// after [`HOLE_SCAN_CHUNKS`] held chunks in a row.
     fn first_missing_chunk(&self, start: &[u8], end: &[u8], first: u64) -> Result<Option<u64>> {
         let mut expect = first;
-        let mut from = start.to_vec();
-        loop {
-            let page = self.store.range_keys(&from, end, SCAN_PAGE)?;
-            for key in &page {
-                match self.keys.chunk_of(key) {
-                    Some((_, c)) if c == expect => expect += 1,
-                    _ => return Ok(Some(expect)),
+        let mut bounded = false;
+        for_each_page_while(
+            start,
+            |from, n| self.store.range_keys(from, end, n),
+            |k| k,
+            |page| {
+                for key in &page {
+                    match self.keys.chunk_of(key) {
+                        Some((_, c)) if c == expect => expect += 1,
+                        _ => return Ok(false),
+                    }
+                    if expect - first >= HOLE_SCAN_CHUNKS {
+                        bounded = true;
+                        return Ok(false);
+                    }
                 }
-                if expect - first >= HOLE_SCAN_CHUNKS {
-                    return Ok(None);
-                }
-            }
-            match page.last() {
-                Some(last) if page.len() == SCAN_PAGE => {
-                    from = last.to_vec();
-                    from.push(0);
-                }
-                _ => return Ok(Some(expect)),
-            }
-        }
+                Ok(true)
+            },
+        )?;
+        Ok((!bounded).then_some(expect))
     }
 }
