@@ -11,11 +11,12 @@
 //! the keytable segment has no room for it, so with its victim released
 //! it ends with at least one segment more; while it relocates, ordinary
 //! writes leave free its reserve and the segments its victim's relocation
-//! needs, or wait for it (`MaintSignal::deep_pass_floor`); a pass that found less than half
-//! the garbage it cleans for stops deep passes until the next compaction
-//! ([`DeepPassState`]).
+//! needs, or wait for it (`MaintSignal::deep_pass_floor`); a pass that
+//! found less than half the garbage it cleans for stops deep passes until
+//! the next compaction ([`DeepPassState`]).
 
 use crate::db::{DbInner, MaintState};
+use crate::gc::{relocation_margin, KT_FLUSH_SLACK_PAGES};
 use crate::vlog::{Reserve, SegMeta};
 use flash::SegmentId;
 
@@ -36,11 +37,6 @@ pub(crate) const DEEP_PASS_GAIN: f64 = 0.05;
 /// full log holds, and random writes ran markedly slower
 /// (`bench/RESULTS.md`, session 40).
 const DEEP_PASS_KEEP: u32 = crate::maint::kt_reserve::OPTIONAL;
-
-/// Keytable pages beyond the estimate that the flush completing a deep
-/// pass is assumed to need at most (index pages, the relocated entries'
-/// own keys).
-const DEEP_FLUSH_SLACK_PAGES: u64 = 8;
 
 /// Whether deep passes may run (kept with GC's victims, under the
 /// maintenance lock).
@@ -120,7 +116,8 @@ impl DbInner {
             return 0;
         };
         let segment = self.flash.geometry().segment_bytes().max(1);
-        let need = (victim.live_bytes + segment / 8).div_ceil(segment);
+        let margin = relocation_margin(reserve, segment);
+        let need = (victim.live_bytes + margin).div_ceil(segment);
         keep.saturating_add(u32::try_from(need).unwrap_or(u32::MAX))
             .saturating_add(1)
     }
@@ -160,7 +157,7 @@ impl DbInner {
     /// relocated entries of a victim (at most `1 - DEEP_PASS_GAIN` live)
     /// and what the memtable holds, each entry taking its share of
     /// the keytables now (their bytes per live value byte, and per entry),
-    /// plus [`DEEP_FLUSH_SLACK_PAGES`]. The ordinary estimate, twice the
+    /// plus [`KT_FLUSH_SLACK_PAGES`]. The ordinary estimate, twice the
     /// first level, is L1 itself when no run is flushed: a deep pass then
     /// always counted on a keytable segment of its own, and with three
     /// segments free none could run.
@@ -177,7 +174,7 @@ impl DbInner {
         let pages = (relocated + held) / self.page as u128 + 1;
         u64::try_from(pages)
             .unwrap_or(u64::MAX)
-            .saturating_add(DEEP_FLUSH_SLACK_PAGES)
+            .saturating_add(KT_FLUSH_SLACK_PAGES)
     }
 }
 

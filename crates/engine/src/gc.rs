@@ -16,9 +16,10 @@ use crate::vlog::Reserve;
 use crate::vlog::SegMeta;
 use flash::SegmentId;
 
-/// Keytable pages beyond twice the first level that a GC flush is assumed
-/// to need at most (index pages, the relocated entries' own keys).
-const KT_FLUSH_SLACK_PAGES: u64 = 8;
+/// Keytable pages beyond its estimate (twice the first level; for a deep
+/// pass, `DbInner::deep_flush_pages`) that a GC flush is assumed to need
+/// at most (index pages, the relocated entries' own keys).
+pub(crate) const KT_FLUSH_SLACK_PAGES: u64 = 8;
 /// Segments cleaned per pass at most.
 const MAX_VICTIMS_PER_PASS: usize = 4;
 
@@ -73,6 +74,17 @@ impl GcVictims {
     /// The segments a checkpoint releases now (no longer tracked).
     pub(crate) fn take_ready(&mut self) -> Vec<SegmentId> {
         std::mem::take(&mut self.ready)
+    }
+}
+
+/// The bytes of room a pass relocating with `reserve` keeps beyond its
+/// victims' live bytes, for the records' framing and the end of each
+/// segment (see `DbInner::relocation_room`): an eighth of a segment for a
+/// deep pass ([`Reserve::LeaveFree`]), half of one otherwise.
+pub(crate) fn relocation_margin(reserve: Reserve, segment_bytes: u64) -> u64 {
+    match reserve {
+        Reserve::LeaveFree(_) => segment_bytes / 8,
+        _ => segment_bytes / 2,
     }
 }
 
@@ -224,12 +236,13 @@ impl DbInner {
     fn relocation_room(&self, reserve: Reserve) -> u64 {
         let free = self.flash.free_segments();
         let segment_bytes = self.flash.geometry().segment_bytes();
-        let (usable, margin) = match reserve {
-            Reserve::InternalLast => (free, segment_bytes / 2),
-            Reserve::LeaveFree(keep) => (free.saturating_sub(keep), segment_bytes / 8),
-            _ => (free.saturating_sub(1), segment_bytes / 2),
+        let usable = match reserve {
+            Reserve::InternalLast => free,
+            Reserve::LeaveFree(keep) => free.saturating_sub(keep),
+            _ => free.saturating_sub(1),
         };
-        (u64::from(usable) * segment_bytes).saturating_sub(margin)
+        (u64::from(usable) * segment_bytes)
+            .saturating_sub(relocation_margin(reserve, segment_bytes))
     }
 
     /// At least [`ROOMY_FREE_FRACTION`] of the device's segments are free.
