@@ -260,6 +260,14 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
             .into())
         }
     };
+    // A metrics address in use fails the mount before it claims anything.
+    let metrics_listener = match &args.metrics {
+        Some(addr) => Some(
+            std::net::TcpListener::bind(addr)
+                .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     let lease = acquire_mount_lease(&store, &Keys::new(record.id), name, args.force)?;
     let fs = Arc::new(FileSystem::open(store.clone(), &record)?);
     fs.fence_with(lease.fence());
@@ -280,14 +288,8 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.n_threads = Some(args.threads.max(1));
     config.clone_fd = true;
     let fuse_fs = FuseFs::new(fs.clone(), args.writeback_cache == "yes");
-    if let Some(addr) = &args.metrics {
-        let serve =
-            std::net::TcpListener::bind(addr).and_then(|l| fs::metrics::serve(fuse_fs.stats(), l));
-        if let Err(e) = serve {
-            fs.stop_write_behind();
-            let _ = lease.release();
-            return Err(format!("cannot serve metrics on {addr}: {e}").into());
-        }
+    if let Some(listener) = metrics_listener {
+        fs::metrics::serve(fuse_fs.stats(), listener)?;
     }
     let mut session = match fuser::Session::new(fuse_fs, &args.mountpoint, &config) {
         Ok(s) => s,

@@ -28,8 +28,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cmd::COMMANDS;
 
-/// The log2 latency histogram, shared with the device's (`flash`).
-pub use flash::{micros, Histogram, HistogramSnapshot};
+/// The log2 latency histogram, shared with the device's and the adapters'
+/// (the `latency` crate).
+pub use latency::{micros, Histogram, HistogramSnapshot};
 
 /// Name under which requests for unknown or refused commands are recorded.
 pub const UNKNOWN: &str = "unknown";
