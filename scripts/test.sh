@@ -71,6 +71,12 @@ if ! id tests >/dev/null 2>&1; then
   $SUDO useradd --system --user-group --no-create-home --shell /usr/sbin/nologin tests
 fi
 
+# FUSE over io_uring (Linux 6.14+) is off until this switch is set; the
+# mount tests serve through it and through /dev/fuse.
+URING=/sys/module/fuse/parameters/enable_uring
+[ -e "$URING" ] || $SUDO modprobe fuse 2>/dev/null || true
+if [ -e "$URING" ]; then echo Y | $SUDO tee "$URING" >/dev/null || echo "cannot enable FUSE over io_uring" >&2; fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

@@ -422,7 +422,12 @@ impl FileSystem {
                 None => crate::inode::ROOT + 1,
             };
             let limit = next + INO_BATCH;
-            self.store.put(&key, limit.to_string().as_bytes())?;
+            // Durable before any inode numbered from the range is: the
+            // write-behind's batches are, and a node that lost the counter
+            // after taking them would hand the numbers out again.
+            let limit_text = limit.to_string();
+            self.store
+                .write_atomic_durable(&[(&key[..], Some(limit_text.as_bytes()))])?;
             *inos = (next, limit);
         }
         let ino = inos.0;

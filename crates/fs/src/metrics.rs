@@ -97,6 +97,8 @@ pub struct FuseStats {
     store_errors: [AtomicU64; N],
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
+    /// The kernel hands requests over through io_uring (set at FUSE init).
+    io_uring: std::sync::atomic::AtomicBool,
 }
 
 impl Default for FuseStats {
@@ -107,6 +109,7 @@ impl Default for FuseStats {
             store_errors: std::array::from_fn(|_| AtomicU64::new(0)),
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
+            io_uring: Default::default(),
         }
     }
 }
@@ -125,6 +128,16 @@ impl Drop for Timed<'_> {
 }
 
 impl FuseStats {
+    /// Records how the kernel hands requests over (at FUSE init).
+    pub fn set_io_uring(&self, on: bool) {
+        self.io_uring.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether requests come through io_uring rather than `/dev/fuse`.
+    pub fn io_uring(&self) -> bool {
+        self.io_uring.load(Ordering::Relaxed)
+    }
+
     /// Starts timing a request of `op`, counted when the guard drops.
     pub fn begin(&self, op: Op) -> Timed<'_> {
         Timed {
@@ -197,6 +210,12 @@ impl FuseStats {
         ] {
             let _ = writeln!(o, "# TYPE {name} counter\n{name} {}", get(c));
         }
+        let _ = writeln!(
+            o,
+            "# HELP lightstore_fs_io_uring 1 when the kernel hands requests over through io_uring, 0 through /dev/fuse.\n\
+             # TYPE lightstore_fs_io_uring gauge\nlightstore_fs_io_uring {}",
+            u8::from(self.io_uring())
+        );
         o
     }
 }

@@ -105,6 +105,12 @@ pub struct MountArgs {
     /// keeps the kernel's).
     #[arg(long, value_parser = crate::bench::parse_size, default_value = "4M")]
     read_ahead: u64,
+    /// How the kernel hands requests to the mount: through io_uring, one
+    /// queue per CPU (yes: the kernel must offer it, Linux 6.14+ with
+    /// /sys/module/fuse/parameters/enable_uring set to Y), through reads
+    /// and writes on /dev/fuse (no), or io_uring when offered (auto).
+    #[arg(long, value_parser = ["auto", "yes", "no"], default_value = "auto")]
+    io_uring: String,
     /// Serve request counters (per FUSE operation: requests, seconds,
     /// errors; bytes read and written) in the Prometheus format on this
     /// address.
@@ -287,9 +293,15 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(args.threads.max(1));
     config.clone_fd = true;
-    let fuse_fs = FuseFs::new(fs.clone(), args.writeback_cache == "yes");
+    let transport = match args.io_uring.as_str() {
+        "yes" => fs::fuse::Transport::IoUring,
+        "no" => fs::fuse::Transport::Device,
+        _ => fs::fuse::Transport::Auto,
+    };
+    let fuse_fs = FuseFs::new(fs.clone(), args.writeback_cache == "yes").with_transport(transport);
+    let stats = fuse_fs.stats();
     if let Some(listener) = metrics_listener {
-        fs::metrics::serve(fuse_fs.stats(), listener)?;
+        fs::metrics::serve(stats.clone(), listener)?;
     }
     let mut session = match fuser::Session::new(fuse_fs, &args.mountpoint, &config) {
         Ok(s) => s,
@@ -300,6 +312,15 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("cannot mount on {}: {e}", args.mountpoint.display()).into());
         }
     };
+    let via = if stats.io_uring() {
+        "io_uring"
+    } else {
+        "/dev/fuse"
+    };
+    tracing::info!(
+        "mounted {name} on {} (FUSE over {via})",
+        args.mountpoint.display()
+    );
     let mut unmounter = session.unmount_callable();
     let stop = Arc::new(AtomicBool::new(false));
     let flusher = {

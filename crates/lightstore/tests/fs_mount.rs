@@ -535,7 +535,8 @@ fn random_namespace_operations_match_a_local_directory() {
     if !can_mount() || !have_tools(&["python3"]) {
         return;
     }
-    let (s, m) = mount_on_one_node("ns");
+    // Through /dev/fuse first, then (the default) io_uring where offered.
+    let (s, m) = mount_on_one_node_with("ns", &["--create", "--io-uring", "no"]);
     let run = |dir: &Path, n: usize| {
         std::fs::create_dir_all(dir).expect("dir");
         let path = s.tmp.path().join("ns.py");
@@ -868,16 +869,8 @@ fn metrics_count_the_mounts_requests() {
     assert!(std::fs::metadata(mnt.join("missing")).is_err());
     std::fs::create_dir_all(mnt.join("d/e")).expect("mkdir");
     assert!(std::fs::remove_dir(mnt.join("d")).is_err(), "ENOTEMPTY");
-    let mut conn = std::net::TcpStream::connect(&metrics).expect("metrics");
-    std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.0\r\n\r\n").expect("get");
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut conn, &mut text).expect("read");
-    let value = |key: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let text = scrape(&metrics);
+    let value = |key: &str| metric(&text, key);
     for op in ["lookup", "create", "write", "mkdir"] {
         let key = format!("lightstore_fs_requests_total{{op=\"{op}\"}} ");
         assert!(value(&key) > 0.0, "no {op} counted:\n{text}");
@@ -891,6 +884,97 @@ fn metrics_count_the_mounts_requests() {
         "{text}"
     );
     m.stop();
+}
+
+/// The text of a mount's `--metrics` endpoint.
+fn scrape(addr: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(addr).expect("metrics");
+    std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.0\r\n\r\n").expect("get");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut text).expect("read");
+    text
+}
+
+/// The value of the sample `key` (name and labels, then a space) in a
+/// scrape, 0 when absent.
+fn metric(text: &str, key: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Whether the kernel offers FUSE over io_uring (Linux 6.14+ with the
+/// switch the test script sets); under `CI=true` it must.
+fn io_uring_offered() -> bool {
+    let on = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+        .is_ok_and(|v| v.trim() == "Y");
+    if !on {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "needs /sys/module/fuse/parameters/enable_uring set to Y (scripts/test.sh sets it)"
+        );
+        eprintln!("skipped: FUSE over io_uring is not enabled");
+    }
+    on
+}
+
+/// The two ways the kernel hands requests over serve one tree: through
+/// io_uring (`--io-uring yes`: large writes parsed where the kernel put
+/// them, 1 MiB reads replied into the ring's buffer, metadata from the
+/// caller's CPU) and through `/dev/fuse` (`--io-uring no`), each reading
+/// back what the other wrote after a remount.
+#[test]
+fn both_fuse_transports_serve_one_tree() {
+    if !can_mount() || !io_uring_offered() {
+        return;
+    }
+    let pattern = |seed: u8, len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
+            .collect()
+    };
+    let metrics = format!("127.0.0.1:{}", node_support::free_port());
+    let (s, m) = mount_on_one_node_with(
+        "transports",
+        &["--create", "--io-uring", "yes", "--metrics", &metrics],
+    );
+    assert_eq!(metric(&scrape(&metrics), "lightstore_fs_io_uring "), 1.0);
+    let mnt = s.mnt.clone();
+    std::fs::write(mnt.join("big"), pattern(1, 3 << 20)).expect("write big");
+    std::fs::create_dir_all(mnt.join("d")).expect("mkdir");
+    for i in 0..200 {
+        std::fs::write(mnt.join(format!("d/f{i}")), format!("{i}")).expect("small");
+    }
+    std::fs::rename(mnt.join("d/f0"), mnt.join("d/renamed")).expect("rename");
+    std::os::unix::fs::symlink("big", mnt.join("link")).expect("symlink");
+    m.stop();
+
+    let plain = format!("127.0.0.1:{}", node_support::free_port());
+    let m = Mount::start(
+        &s.nodes,
+        "transports",
+        &mnt,
+        &["--io-uring", "no", "--metrics", &plain],
+    );
+    assert_eq!(metric(&scrape(&plain), "lightstore_fs_io_uring "), 0.0);
+    assert!(std::fs::read(mnt.join("big")).expect("read big") == pattern(1, 3 << 20));
+    assert_eq!(std::fs::read_dir(mnt.join("d")).expect("list").count(), 200);
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("d/renamed")).expect("renamed"),
+        "0"
+    );
+    std::fs::write(mnt.join("big2"), pattern(2, 5 << 20)).expect("write big2");
+    std::fs::remove_file(mnt.join("d/f1")).expect("unlink");
+    m.stop();
+
+    let m = Mount::start(&s.nodes, "transports", &mnt, &["--io-uring", "yes"]);
+    assert!(std::fs::read(mnt.join("big2")).expect("read big2") == pattern(2, 5 << 20));
+    assert!(std::fs::read(mnt.join("link")).expect("through the link") == pattern(1, 3 << 20));
+    assert!(!mnt.join("d/f1").exists());
+    assert_eq!(std::fs::read_dir(mnt.join("d")).expect("list").count(), 199);
+    m.stop();
+    fs_check(&s.nodes, "transports");
 }
 
 /// The workload SQLite puts on a file system: a database in WAL mode
@@ -1398,6 +1482,39 @@ fn a_host_filled_by_other_files_takes_rm_and_gives_room_back() {
     m.stop();
     fs_check(&nodes, "full");
     drop(node);
+}
+
+/// The first change of a mount allocates inode numbers: the counter's new
+/// limit must be durable before the inode the change makes, or a node
+/// that restarts between the two keeps the inode and loses the counter,
+/// and a later mount hands its number out again (the mount reported the
+/// loss at unmount instead). A node killed right after the first mkdir.
+#[test]
+fn a_node_restarted_after_the_first_change_keeps_the_inode_counter() {
+    if !can_mount() {
+        return;
+    }
+    let mut tc = TestCluster::start_with(1, &["--durability", "interval"]);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, "c", &mnt, &["--create"]);
+    std::fs::create_dir(mnt.join("first")).expect("mkdir");
+    tc.kill(0);
+    tc.restart(0);
+    std::fs::create_dir(mnt.join("second")).expect("mkdir after the restart");
+    m.stop();
+    let m = Mount::start(&nodes, "c", &mnt, &[]);
+    std::fs::create_dir(mnt.join("third")).expect("mkdir after a remount");
+    let ino =
+        |n: &str| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(mnt.join(n)).expect(n));
+    let inos = [ino("first"), ino("second"), ino("third")];
+    assert!(
+        inos[0] != inos[1] && inos[1] != inos[2] && inos[0] != inos[2],
+        "{inos:?}"
+    );
+    m.stop();
+    fs_check(&nodes, "c");
 }
 
 /// A lone node under `--durability interval` killed with SIGKILL right
