@@ -121,6 +121,28 @@ struct SlotState {
     direct: Option<Direct>,
     staged: Vec<u8>,
     replied: bool,
+    /// The request's id, for an error reply in place of one that does not
+    /// fit.
+    unique: u64,
+}
+
+impl SlotState {
+    /// Puts a reply where it goes (see `direct`).
+    fn deliver(&mut self, data: &[IoSlice<'_>]) {
+        match self.direct {
+            None => {
+                self.staged.clear();
+                for s in data {
+                    self.staged.extend_from_slice(s);
+                }
+            }
+            // SAFETY: `header` holds HEADER_BUF bytes and `payload`
+            // `capacity`, which the caller checked the body fits, both
+            // alive and not otherwise accessed until `replied` is set (see
+            // `BufPtr`).
+            Some(direct) => unsafe { write_reply(data, direct.header.0, direct.payload.0) },
+        }
+    }
 }
 
 /// Where the reply to the request an entry holds goes.
@@ -151,29 +173,23 @@ impl UringReply {
             return Err(io::Error::other("a second reply to one FUSE request"));
         }
         let total: usize = data.iter().map(|s| s.len()).sum();
-        if total < OUT_HEADER {
-            return Err(io::Error::other("a FUSE reply shorter than its header"));
-        }
-        match state.direct {
-            None => {
-                state.staged.clear();
-                for s in data {
-                    state.staged.extend_from_slice(s);
-                }
-            }
-            Some(direct) => {
-                if total - OUT_HEADER > direct.capacity {
-                    return Err(io::Error::other("a FUSE reply larger than the ring's payload"));
-                }
-                // SAFETY: `header` holds HEADER_BUF bytes and `payload`
-                // `capacity`, both alive and not otherwise accessed until
-                // `replied` is set (see `BufPtr`).
-                unsafe { write_reply(data, direct.header.0, direct.payload.0) };
-            }
-        }
+        let room = state.direct.map_or(usize::MAX, |d| d.capacity);
+        let fits = total >= OUT_HEADER && total - OUT_HEADER <= room;
+        // Every request gets exactly one reply, or its entry never comes
+        // back: one that does not fit becomes EIO.
+        let result = if fits {
+            state.deliver(data);
+            Ok(())
+        } else {
+            let parts = error_reply(state.unique, libc::EIO);
+            state.deliver(&[IoSlice::new(&parts[0]), IoSlice::new(&parts[1])]);
+            Err(io::Error::other(format!(
+                "a FUSE reply of {total} bytes does not fit the ring's entry"
+            )))
+        };
         state.replied = true;
         self.slot.replied.notify_one();
-        Ok(())
+        result
     }
 }
 
@@ -343,6 +359,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 direct: None,
                 staged: Vec::new(),
                 replied: false,
+                unique: 0,
             }),
             replied: Condvar::new(),
         });
@@ -397,6 +414,15 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             return false;
         };
         let in_place = payload > COPY_MAX && op_in % 8 == 0;
+        // A large payload after an odd-sized header (no such operation
+        // today) is copied into a buffer of its own.
+        let mut oversized;
+        let copied = if !in_place && len > copied.len() {
+            oversized = vec![0u64; len.div_ceil(8)];
+            u64s_as_bytes(&mut oversized)
+        } else {
+            copied
+        };
         let mut head = [0u8; IN_HEADER + OP_IN];
         head[..IN_HEADER].copy_from_slice(&entry.header()[..IN_HEADER]);
         head[IN_HEADER..IN_HEADER + op_in].copy_from_slice(&entry.header()[OP_IN..OP_IN + op_in]);
@@ -404,6 +430,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         {
             let mut state = slot.state.lock();
             state.replied = false;
+            state.unique = unique;
             state.direct = (!in_place).then(|| Direct {
                 header: BufPtr(entry.header_ptr()),
                 payload: BufPtr(entry.payload_ptr()),
