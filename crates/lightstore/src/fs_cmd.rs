@@ -312,15 +312,6 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("cannot mount on {}: {e}", args.mountpoint.display()).into());
         }
     };
-    let via = if stats.io_uring() {
-        "io_uring"
-    } else {
-        "/dev/fuse"
-    };
-    tracing::info!(
-        "mounted {name} on {} (FUSE over {via})",
-        args.mountpoint.display()
-    );
     let mut unmounter = session.unmount_callable();
     let stop = Arc::new(AtomicBool::new(false));
     let flusher = {
@@ -369,8 +360,13 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
     let metrics = args.metrics.as_ref().map_or(String::new(), |m| {
         format!("; metrics on http://{m}/metrics")
     });
+    let via = if stats.io_uring() {
+        "io_uring"
+    } else {
+        "/dev/fuse"
+    };
     eprintln!(
-        "lightstore mount: {name} mounted on {}{metrics}",
+        "lightstore mount: {name} mounted on {} (FUSE over {via}){metrics}",
         args.mountpoint.display()
     );
     let served = session.run();

@@ -1484,6 +1484,19 @@ fn a_host_filled_by_other_files_takes_rm_and_gives_room_back() {
     drop(node);
 }
 
+/// A new file system `fs` mounted on a lone node under `--durability
+/// interval` (which acknowledges writes before they are on its device):
+/// the cluster, its address, the directory holding the mount point, the
+/// mount point and the mount.
+fn mount_on_an_interval_node(fs: &str) -> (TestCluster, String, tempfile::TempDir, PathBuf, Mount) {
+    let tc = TestCluster::start_with(1, &["--durability", "interval"]);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let m = Mount::start(&nodes, fs, &mnt, &["--create"]);
+    (tc, nodes, tmp, mnt, m)
+}
+
 /// The first change of a mount allocates inode numbers: the counter's new
 /// limit must be durable before the inode the change makes, or a node
 /// that restarts between the two keeps the inode and loses the counter,
@@ -1494,11 +1507,7 @@ fn a_node_restarted_after_the_first_change_keeps_the_inode_counter() {
     if !can_mount() {
         return;
     }
-    let mut tc = TestCluster::start_with(1, &["--durability", "interval"]);
-    let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let mnt = tmp.path().join("mnt");
-    let m = Mount::start(&nodes, "c", &mnt, &["--create"]);
+    let (mut tc, nodes, _tmp, mnt, m) = mount_on_an_interval_node("c");
     std::fs::create_dir(mnt.join("first")).expect("mkdir");
     tc.kill(0);
     tc.restart(0);
@@ -1530,11 +1539,7 @@ fn a_restarted_node_loses_no_acknowledged_change_of_the_mount() {
     if !can_mount() {
         return;
     }
-    let mut tc = TestCluster::start_with(1, &["--durability", "interval"]);
-    let nodes = tc.addrs.join(",");
-    let tmp = tempdir();
-    let mnt = tmp.path().join("mnt");
-    let m = Mount::start(&nodes, "k", &mnt, &["--create"]);
+    let (mut tc, nodes, _tmp, mnt, m) = mount_on_an_interval_node("k");
     const DIRS: usize = 20;
     for i in 0..DIRS {
         std::fs::create_dir(mnt.join(format!("d{i}"))).expect("mkdir");
