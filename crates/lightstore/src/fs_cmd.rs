@@ -88,7 +88,10 @@ pub struct MountArgs {
     force: bool,
     /// FUSE worker threads: requests the mount works on at once. A
     /// partial-chunk write holds one for two round trips to the cluster
-    /// (read, then write), so random writes gain from many.
+    /// (read, then write), so random writes gain from many. Over io_uring
+    /// they are spread over the CPUs' queues (at least one each, pinned to
+    /// its CPU), so the callers on one CPU have threads/CPUs requests
+    /// served at once: raise it on a machine with many CPUs.
     #[arg(long, default_value_t = 16)]
     threads: usize,
     /// Let the kernel's page cache buffer writes (yes) or send each write
