@@ -121,6 +121,14 @@ pub struct MountArgs {
     metrics: Option<String>,
 }
 
+/// The kernel's switch for FUSE over io_uring (Linux 6.14+).
+const FUSE_URING_SWITCH: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether this kernel has FUSE over io_uring and it is switched off.
+fn io_uring_switched_off() -> bool {
+    std::fs::read_to_string(FUSE_URING_SWITCH).is_ok_and(|v| v.trim() == "N")
+}
+
 fn chunk_size(v: Option<u64>) -> Result<u32, Box<dyn std::error::Error>> {
     Ok(match v {
         Some(v) => u32::try_from(v).map_err(|_| format!("chunk size {v} is too large"))?,
@@ -372,6 +380,13 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
         "lightstore mount: {name} mounted on {} (FUSE over {via}){metrics}",
         args.mountpoint.display()
     );
+    if !stats.io_uring() && transport == fs::fuse::Transport::Auto && io_uring_switched_off() {
+        eprintln!(
+            "lightstore mount: this kernel can take FUSE requests through io_uring, about 1.7 \
+             times as many metadata operations per second; it is off: \
+             echo Y > {FUSE_URING_SWITCH} (as root) before mounting"
+        );
+    }
     let served = session.run();
     stop.store(true, Ordering::Relaxed);
     let _ = flusher.join();
