@@ -184,6 +184,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("keytables_per_level", &per_level.join(","));
             line("flushes", &s.flushes);
             line("flushes_during_merges", &s.flushes_during_merges);
+            line("write_throttle_micros", &s.write_throttle_micros);
             line("compactions", &s.compactions);
             line("gc_runs", &s.gc_runs);
             line("gc_deep_passes", &s.gc_deep_passes);

@@ -98,6 +98,12 @@ fn engine_gauges(out: &mut String, s: &engine::Stats) {
         &s.flushes,
     );
     one(
+        "lightstore_engine_write_throttle_seconds_total",
+        "counter",
+        "Time writers were held back by backpressure (flushing behind, space short).",
+        &secs(s.write_throttle_micros),
+    );
+    one(
         "lightstore_engine_compactions_total",
         "counter",
         "Compactions.",
@@ -192,5 +198,6 @@ mod tests {
         assert!(text.contains("lightstore_request_phase_seconds_total{phase=\"protocol\"} 1.5\n"));
         assert!(text.contains("lightstore_engine_dram_bytes{part=\"bloom\"} 0\n"));
         assert!(text.contains("# TYPE lightstore_engine_segments_free gauge\n"));
+        assert!(text.contains("lightstore_engine_write_throttle_seconds_total 0\n"));
     }
 }
