@@ -101,10 +101,10 @@ mod read_buf;
 mod rename_flags;
 mod reply;
 mod request;
-mod uring;
 mod request_param;
 mod session;
 mod time;
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

@@ -277,7 +277,11 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut channels = Vec::with_capacity(n_threads);
         // LightStore patch: with io_uring one thread reads /dev/fuse.
-        let n_threads_minus_one = if uring.is_some() { 0 } else { n_threads_minus_one };
+        let n_threads_minus_one = if uring.is_some() {
+            0
+        } else {
+            n_threads_minus_one
+        };
 
         for _ in 0..n_threads_minus_one {
             if config.clone_fd {

@@ -210,7 +210,9 @@ unsafe fn write_reply(data: &[IoSlice<'_>], header: *mut u8, payload: *mut u8) {
             src = &src[n..];
         }
         if !src.is_empty() {
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), payload.add(at - OUT_HEADER), src.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), payload.add(at - OUT_HEADER), src.len())
+            };
             at += src.len();
         }
     }
@@ -276,7 +278,9 @@ impl Entry {
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as `bytes`.
-        unsafe { std::slice::from_raw_parts_mut(self.data.as_mut_ptr().cast(), SLACK + self.payload) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.data.as_mut_ptr().cast(), SLACK + self.payload)
+        }
     }
 
     fn u32_at(&self, at: usize) -> u32 {
@@ -290,7 +294,13 @@ impl Entry {
 
 /// An io_uring command for `fd` with a `fuse_uring_cmd_req` in its data;
 /// a register command also carries the entry's two buffers.
-fn command(fd: RawFd, op: u32, qid: u16, commit_id: u64, iov: Option<&[libc::iovec; 2]>) -> squeue::Entry128 {
+fn command(
+    fd: RawFd,
+    op: u32,
+    qid: u16,
+    commit_id: u64,
+    iov: Option<&[libc::iovec; 2]>,
+) -> squeue::Entry128 {
     let mut cmd = [0u8; 80];
     cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
     cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
@@ -318,7 +328,10 @@ fn pin_to_cpu(cpu: usize) {
         if cpu < libc::CPU_SETSIZE as usize {
             libc::CPU_SET(cpu, &mut set);
             if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
-                debug!("cannot pin the queue {cpu} thread: {}", io::Error::last_os_error());
+                debug!(
+                    "cannot pin the queue {cpu} thread: {}",
+                    io::Error::last_os_error()
+                );
             }
         }
     }
@@ -396,7 +409,13 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         };
         drop(ring);
         drop(entry);
-        result.map_err(|e| if served { UringError::Serve(e) } else { UringError::Setup(e) })
+        result.map_err(|e| {
+            if served {
+                UringError::Serve(e)
+            } else {
+                UringError::Setup(e)
+            }
+        })
     }
 
     /// Dispatches the request in `entry` and leaves its reply there. Returns
