@@ -114,6 +114,16 @@ impl FuseFs {
 }
 
 /// The attributes of a negative entry: inode 0 says "no such name".
+/// Whether this process may make the rings FUSE over io_uring needs
+/// (128-byte submission entries): `kernel.io_uring_disabled` or a seccomp
+/// filter can forbid io_uring where the kernel offers the transport, and
+/// once the kernel is told io_uring it serves nothing through `/dev/fuse`.
+fn io_uring_usable() -> std::io::Result<()> {
+    io_uring::IoUring::<io_uring::squeue::Entry128, io_uring::cqueue::Entry>::builder()
+        .build(2)
+        .map(|_| ())
+}
+
 fn negative_attr() -> FileAttr {
     FileAttr {
         ino: INodeNo(0),
@@ -260,14 +270,27 @@ impl Filesystem for FuseFs {
         let offered = config
             .capabilities()
             .contains(fuser::InitFlags::FUSE_OVER_IO_URING);
-        match self.transport {
-            Transport::IoUring if !offered => {
+        let usable = match self.transport {
+            Transport::Device => Ok(()),
+            _ => io_uring_usable(),
+        };
+        match (self.transport, offered, usable) {
+            (Transport::IoUring, false, _) => {
                 return Err(std::io::Error::other(
                     "the kernel does not offer FUSE over io_uring (Linux 6.14 or later, \
                      with /sys/module/fuse/parameters/enable_uring set to Y)",
                 ));
             }
-            Transport::IoUring | Transport::Auto if offered => {
+            (Transport::IoUring, true, Err(e)) => {
+                return Err(std::io::Error::other(format!(
+                    "the kernel offers FUSE over io_uring but this process may not use \
+                     io_uring ({e}; see kernel.io_uring_disabled)"
+                )));
+            }
+            (Transport::Auto, true, Err(e)) => {
+                tracing::warn!(error = %e, "FUSE over io_uring offered but io_uring is unavailable; using /dev/fuse");
+            }
+            (Transport::IoUring | Transport::Auto, true, Ok(())) => {
                 wanted |= fuser::InitFlags::FUSE_OVER_IO_URING;
             }
             _ => {}

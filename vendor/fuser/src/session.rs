@@ -142,6 +142,9 @@ pub struct Session<FS: Filesystem> {
     /// LightStore patch: set when the file system asked for
     /// `FUSE_OVER_IO_URING` and the kernel granted it.
     pub(crate) uring: Option<crate::uring::Params>,
+    /// LightStore patch: where the file system is mounted (for
+    /// `uring::abort_connection`); none for a session made from a descriptor.
+    mountpoint: Option<std::path::PathBuf>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -190,6 +193,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config: options.clone(),
             uring: None,
+            mountpoint: Some(mountpoint.to_path_buf()),
         };
 
         session.handshake()?;
@@ -219,6 +223,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             uring: None,
+            mountpoint: None,
         };
 
         session.handshake()?;
@@ -258,6 +263,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: _,
             config,
             uring,
+            mountpoint: _,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -306,7 +312,7 @@ impl<FS: Filesystem> Session<FS> {
         // kernel's per-CPU queues (at least one each, pinned to its CPU)
         // and the one channel keeps reading /dev/fuse for forgets and
         // interrupts.
-        if let Some(params) = uring {
+        if let Some(params) = &uring {
             let queues = crate::uring::queue_count()?;
             let per_queue = n_threads.div_ceil(queues).max(1);
             info!("FUSE over io_uring: {queues} queues, {per_queue} threads each");
@@ -320,13 +326,25 @@ impl<FS: Filesystem> Session<FS> {
                     allowed,
                     session_owner,
                 };
+                let params = params.clone();
                 threads.push(thread::Builder::new().name(thread_name).spawn(move || {
-                    match event_loop.uring_event_loop(qid, params) {
+                    match event_loop.uring_event_loop(qid, params.clone()) {
                         Ok(()) => Ok(()),
                         Err(crate::uring::UringError::Serve(e)) => Err(e),
+                        // The kernel was told io_uring: it now holds every
+                        // request until each queue has an entry, and
+                        // /dev/fuse would never get one. End the connection
+                        // rather than leave the file system hanging.
                         Err(crate::uring::UringError::Setup(e)) => {
-                            warn!("io_uring queue {qid}: {e}; serving /dev/fuse instead");
-                            event_loop.event_loop()
+                            error!("io_uring queue {qid} could not be set up: {e}");
+                            if let Some(mountpoint) = &params.mountpoint {
+                                if let Err(a) = crate::uring::abort_connection(mountpoint) {
+                                    error!("cannot abort the FUSE connection: {a}");
+                                }
+                            }
+                            Err(io::Error::other(format!(
+                                "FUSE over io_uring: queue {qid} could not be set up: {e}"
+                            )))
                         }
                     }
                 })?);
@@ -522,6 +540,7 @@ impl<FS: Filesystem> Session<FS> {
                 ];
                 self.uring = Some(crate::uring::Params {
                     payload: payload.into_iter().max().unwrap_or(0),
+                    mountpoint: self.mountpoint.clone().map(Arc::new),
                 });
             }
             let response = init.reply(&config);

@@ -75,11 +75,56 @@ const COPY_MAX: usize = 64 * 1024;
 const SLACK: usize = 256;
 
 /// What the session negotiated for io_uring.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Params {
     /// Size of each entry's payload buffer: the kernel's
     /// `max(FUSE_MIN_READ_BUFFER, max_write, max_pages * PAGE_SIZE)` or more.
     pub(crate) payload: usize,
+    /// Where the file system is mounted (none for a session made from a
+    /// descriptor), for [`abort_connection`].
+    pub(crate) mountpoint: Option<Arc<std::path::PathBuf>>,
+}
+
+/// Ends the FUSE connection of the file system mounted at `mountpoint`, as
+/// writing `/sys/fs/fuse/connections/N/abort` does, without asking the file
+/// system anything. Once the kernel has been told io_uring, every request
+/// waits until each CPU's queue has an entry, so a queue that cannot be
+/// registered would leave the file system hanging; aborted, its callers get
+/// ENOTCONN and the session ends. The connection is found through
+/// `/proc/self/mountinfo` (a `stat` of the mount point would itself wait).
+pub(crate) fn abort_connection(mountpoint: &std::path::Path) -> io::Result<()> {
+    let wanted = if mountpoint.is_absolute() {
+        mountpoint.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(mountpoint)
+    };
+    let unescape = |field: &str| {
+        field
+            .replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\012", "\n")
+            .replace("\\134", "\\")
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let dev = info
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let (dev, at) = (fields.get(2)?, fields.get(4)?);
+            (std::path::Path::new(&unescape(at)) == wanted).then_some(*dev)
+        })
+        .last()
+        .ok_or_else(|| {
+            io::Error::other(format!("{} is not in the mount table", wanted.display()))
+        })?;
+    let (major, minor) = dev
+        .split_once(':')
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .ok_or_else(|| io::Error::other(format!("bad device {dev:?} in the mount table")))?;
+    std::fs::write(
+        format!("/sys/fs/fuse/connections/{}/abort", (major << 20) | minor),
+        b"1",
+    )
 }
 
 /// The kernel's number of queues: one per possible CPU
@@ -346,7 +391,7 @@ fn is_teardown(errno: i32) -> bool {
 #[derive(Debug)]
 pub(crate) enum UringError {
     /// The ring could not be set up or the kernel refused the entry: no
-    /// request came through it, so the thread can serve `/dev/fuse` instead.
+    /// request came through it (and none will, see [`abort_connection`]).
     Setup(io::Error),
     /// Serving failed after requests came through the ring.
     Serve(io::Error),
