@@ -336,7 +336,9 @@ impl Inner {
         self.nodes[i].up.load(Ordering::Acquire)
     }
 
-    fn retry_down_nodes(&self) {
+    /// Asks every node marked down whether it is back (a `PING`), marking
+    /// up those that answer.
+    pub(crate) fn retry_down_nodes(&self) {
         for i in 0..self.nodes.len() {
             if self.is_up(i) {
                 continue;

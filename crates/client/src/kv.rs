@@ -106,9 +106,21 @@ impl Cluster {
     /// (and then telling it).
     pub fn sync_with(&self, cursor: &mut crate::LossCursor) -> Result<()> {
         let inner = &*self.inner;
-        let nodes: Vec<usize> = (0..inner.nodes.len())
-            .filter(|&i| inner.is_up(i) || inner.nodes[i].runs.lock().unsynced() > 0)
-            .collect();
+        let to_sync = || -> Vec<usize> {
+            (0..inner.nodes.len())
+                .filter(|&i| inner.is_up(i) || inner.nodes[i].runs.lock().unsynced() > 0)
+                .collect()
+        };
+        let mut nodes = to_sync();
+        if nodes.is_empty() {
+            // Every node is marked down, and one may be back: the health
+            // probe that found it marks it up only once its PING returns,
+            // while its connection already told the run ledger of the
+            // restart (a sync in between failed where it should have
+            // reported the loss). Ask before giving up.
+            inner.retry_down_nodes();
+            nodes = to_sync();
+        }
         if nodes.is_empty() {
             return Err(ClientError::Unavailable(
                 "no node is up to make writes durable".into(),
