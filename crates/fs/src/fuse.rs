@@ -270,9 +270,10 @@ impl Filesystem for FuseFs {
         let offered = config
             .capabilities()
             .contains(fuser::InitFlags::FUSE_OVER_IO_URING);
+        // The probe ring is made only where its answer decides something.
         let usable = match self.transport {
-            Transport::Device => Ok(()),
-            _ => io_uring_usable(),
+            Transport::IoUring | Transport::Auto if offered => io_uring_usable(),
+            _ => Ok(()),
         };
         match (self.transport, offered, usable) {
             (Transport::IoUring, false, _) => {
