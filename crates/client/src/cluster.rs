@@ -309,6 +309,12 @@ impl Inner {
                         .runs
                         .lock()
                         .connected(c.run, (id(from), id(to)));
+                    // Serving, and its run in the ledger: up from now, not
+                    // only once the call this connection was opened for
+                    // returns (a sync in between found every node down and
+                    // failed where it should have reported what the
+                    // restart lost). Other answers wait for that call.
+                    self.mark_up(i);
                 }
             }
             Err(e) if e.is_node_failure() => return Err(e),

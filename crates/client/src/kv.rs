@@ -113,11 +113,8 @@ impl Cluster {
         };
         let mut nodes = to_sync();
         if nodes.is_empty() {
-            // Every node is marked down, and one may be back: the health
-            // probe that found it marks it up only once its PING returns,
-            // while its connection already told the run ledger of the
-            // restart (a sync in between failed where it should have
-            // reported the loss). Ask before giving up.
+            // Every node is marked down, and one may be back before the
+            // health probe's next round finds it. Ask before giving up.
             inner.retry_down_nodes();
             nodes = to_sync();
         }

@@ -648,6 +648,26 @@ fn durable_batches_survive_a_kill_and_stale_connections_are_dropped() {
     }
 }
 
+/// A node that answers `RUNID` on a new connection is up from then on,
+/// whatever the call the connection was opened for gets: a restarted node
+/// is not left marked down by a first call that fails on its own merits.
+#[test]
+fn a_returning_node_is_up_once_a_connection_reaches_it() {
+    let mut tc = TestCluster::start(1);
+    let c = tc.client();
+    c.set(b"a", b"1").expect("set");
+    tc.kill(0);
+    let _ = c.get(b"a");
+    assert!(!c.is_up(0), "a dead node is marked down");
+    tc.restart(0);
+    let err = c
+        .call_node(0, &["NO-SUCH-COMMAND"])
+        .expect_err("an unknown command");
+    assert!(!err.is_node_failure(), "{err}");
+    assert!(c.is_up(0), "it answered RUNID first");
+    assert_eq!(c.get(b"a").expect("get").as_deref(), Some(&b"1"[..]));
+}
+
 /// A node that restarts without a clean stop after it alone acknowledged
 /// writes not yet synced fails the client's next `sync`, once, instead of
 /// vouching for writes it lost (`interval` durability); a clean stop

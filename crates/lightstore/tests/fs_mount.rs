@@ -32,6 +32,27 @@ fn can_mount() -> bool {
     ok
 }
 
+/// Each thread of process `pid`: its name, where it sleeps and its kernel
+/// stack (root reads it), for a test that found the process stuck.
+fn thread_stacks(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let read = |f: &str| std::fs::read_to_string(path.join(f)).unwrap_or_default();
+        out += &format!(
+            "{} {} wchan={}\n{}",
+            task.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan").trim(),
+            read("stack")
+        );
+    }
+    out
+}
+
 fn is_mounted(dir: &Path) -> bool {
     let want = dir.to_string_lossy().to_string();
     std::fs::read_to_string("/proc/mounts")
@@ -103,7 +124,18 @@ impl Mount {
                 assert!(!is_mounted(&self.dir), "still mounted after SIGTERM");
                 return;
             }
-            assert!(Instant::now() < deadline, "mount did not stop on SIGTERM");
+            if Instant::now() >= deadline {
+                let threads = thread_stacks(self.child.id());
+                let mounted = is_mounted(&self.dir);
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let log = self.stderr();
+                let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+                panic!(
+                    "mount did not stop on SIGTERM (still mounted: {mounted})\n\
+                     its log:\n{log}\nits threads:\n{threads}"
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
