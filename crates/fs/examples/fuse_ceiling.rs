@@ -11,6 +11,9 @@
 //! ```
 //!
 //! Arguments: MOUNTPOINT, `yes` (io_uring) or `no` (`/dev/fuse`), threads.
+//! To see what the mount's choices cost, `CEILING_PERMISSIONS=no` mounts
+//! without `default_permissions` (the kernel then asks for no permission
+//! checks) and `CEILING_WRITEBACK=no` without the writeback cache.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -104,9 +107,10 @@ impl Null {
 
 impl Filesystem for Null {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let mut wanted = fuser::InitFlags::FUSE_PARALLEL_DIROPS
-            | fuser::InitFlags::FUSE_WRITEBACK_CACHE
-            | fuser::InitFlags::FUSE_ASYNC_DIO;
+        let mut wanted = fuser::InitFlags::FUSE_PARALLEL_DIROPS | fuser::InitFlags::FUSE_ASYNC_DIO;
+        if !switched_off("CEILING_WRITEBACK") {
+            wanted |= fuser::InitFlags::FUSE_WRITEBACK_CACHE;
+        }
         if self.io_uring {
             wanted |= fuser::InitFlags::FUSE_OVER_IO_URING;
         }
@@ -243,12 +247,19 @@ fn main() -> std::io::Result<()> {
         io_uring: io_uring == "yes",
     };
     let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        fuser::MountOption::FSName("fuse-ceiling".into()),
-        fuser::MountOption::DefaultPermissions,
-    ];
+    config.mount_options = vec![fuser::MountOption::FSName("fuse-ceiling".into())];
+    if !switched_off("CEILING_PERMISSIONS") {
+        config
+            .mount_options
+            .push(fuser::MountOption::DefaultPermissions);
+    }
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(threads.parse().unwrap_or(16));
     config.clone_fd = true;
     fuser::Session::new(fs, mountpoint, &config)?.run()
+}
+
+/// Whether the environment variable `name` is `no`.
+fn switched_off(name: &str) -> bool {
+    std::env::var(name).as_deref() == Ok("no")
 }
