@@ -53,6 +53,22 @@ fn thread_stacks(pid: u32) -> String {
     out
 }
 
+/// Aborts the FUSE connection mounted on `dir`, if any (through
+/// `/sys/fs/fuse/connections/N/abort`, N the mount's device minor).
+fn abort_fuse_connection(dir: &Path) {
+    let want = dir.to_string_lossy().to_string();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.get(4) != Some(&want.as_str()) {
+            continue;
+        }
+        if let Some(minor) = fields.get(2).and_then(|d| d.split(':').nth(1)) {
+            let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1");
+        }
+    }
+}
+
 fn is_mounted(dir: &Path) -> bool {
     let want = dir.to_string_lossy().to_string();
     std::fs::read_to_string("/proc/mounts")
@@ -127,9 +143,26 @@ impl Mount {
             if Instant::now() >= deadline {
                 let threads = thread_stacks(self.child.id());
                 let mounted = is_mounted(&self.dir);
+                // Unstick whatever waits on the connection (an unmount in
+                // the kernel would keep the process from dying), then end
+                // it; its log only once it has exited (the pipe stays open
+                // while it lives).
+                abort_fuse_connection(&self.dir);
                 let _ = self.child.kill();
-                let _ = self.child.wait();
-                let log = self.stderr();
+                let gone = Instant::now() + Duration::from_secs(10);
+                let mut exited = false;
+                while Instant::now() < gone {
+                    if let Ok(Some(_)) = self.child.try_wait() {
+                        exited = true;
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let log = if exited {
+                    self.stderr()
+                } else {
+                    "(still alive 10 s after SIGKILL)".to_string()
+                };
                 let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
                 panic!(
                     "mount did not stop on SIGTERM (still mounted: {mounted})\n\
