@@ -129,8 +129,8 @@ impl Mount {
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }
 
-    /// SIGTERM; waits (bounded) for a clean exit.
-    fn stop(mut self) {
+    /// SIGTERM; waits (bounded) for a clean exit. Returns the mount's log.
+    fn stop(mut self) -> String {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -138,7 +138,7 @@ impl Mount {
                 let log = self.stderr();
                 assert!(status.success(), "mount exited with {status}: {log}");
                 assert!(!is_mounted(&self.dir), "still mounted after SIGTERM");
-                return;
+                return log;
             }
             if Instant::now() >= deadline {
                 let threads = thread_stacks(self.child.id());
@@ -984,6 +984,109 @@ fn io_uring_offered() -> bool {
     on
 }
 
+/// Taken for writing by a test that denies this machine's processes
+/// io_uring (`kernel.io_uring_disabled`), for reading by those that need
+/// it; other mounts just fall back to `/dev/fuse` meanwhile.
+static IO_URING_SWITCH: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// `kernel.io_uring_disabled` set to a value until dropped, then restored.
+struct IoUringDenied {
+    before: String,
+}
+
+impl IoUringDenied {
+    const SYSCTL: &'static str = "/proc/sys/kernel/io_uring_disabled";
+
+    fn set(value: &str) -> IoUringDenied {
+        let before = std::fs::read_to_string(Self::SYSCTL).expect("read io_uring_disabled");
+        std::fs::write(Self::SYSCTL, value).expect("set io_uring_disabled");
+        IoUringDenied { before }
+    }
+}
+
+impl Drop for IoUringDenied {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::SYSCTL, self.before.trim());
+    }
+}
+
+/// The kernel offers FUSE over io_uring but the process may not make
+/// io_uring instances (`kernel.io_uring_disabled=2`, as a hardened host or
+/// a seccomp profile has it): `--io-uring auto` serves through `/dev/fuse`
+/// and says why, `--io-uring yes` refuses to mount and names the setting.
+/// Negotiating io_uring there hung the mount (the kernel holds every
+/// request until each CPU's queue has an entry).
+#[test]
+fn a_process_denied_io_uring_mounts_through_dev_fuse() {
+    if !can_mount() || !io_uring_offered() {
+        return;
+    }
+    let _alone = IO_URING_SWITCH
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !Path::new(IoUringDenied::SYSCTL).exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "needs {}",
+            IoUringDenied::SYSCTL
+        );
+        return;
+    }
+    let tc = TestCluster::start(1);
+    let nodes = tc.addrs.join(",");
+    let tmp = tempdir();
+    let mnt = tmp.path().join("mnt");
+    let denied = IoUringDenied::set("2");
+    let metrics = format!("127.0.0.1:{}", node_support::free_port());
+    let m = Mount::start(
+        &nodes,
+        "denied",
+        &mnt,
+        &["--create", "--io-uring", "auto", "--metrics", &metrics],
+    );
+    assert_eq!(metric(&scrape(&metrics), "lightstore_fs_io_uring "), 0.0);
+    std::fs::create_dir(mnt.join("d")).expect("mkdir");
+    std::fs::write(mnt.join("d/f"), b"through /dev/fuse").expect("write");
+    assert_eq!(
+        std::fs::read(mnt.join("d/f")).expect("read"),
+        b"through /dev/fuse"
+    );
+    let log = m.stop();
+    assert!(log.contains("using /dev/fuse"), "{log}");
+
+    let mut refused = Mount::spawn(&nodes, "denied", &mnt, &["--io-uring", "yes"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = refused.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            abort_fuse_connection(&mnt);
+            let _ = refused.kill();
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+            panic!("--io-uring yes neither mounted nor refused in 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut said = String::new();
+    if let Some(e) = refused.stderr.as_mut() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut said);
+    }
+    assert!(!status.success(), "mounted without io_uring: {said}");
+    assert!(said.contains("io_uring_disabled"), "{said}");
+    assert!(!is_mounted(&mnt), "a refused mount left a mount behind");
+
+    drop(denied);
+    let m = Mount::start(&nodes, "denied", &mnt, &["--io-uring", "yes"]);
+    assert_eq!(
+        std::fs::read(mnt.join("d/f")).expect("read back over io_uring"),
+        b"through /dev/fuse"
+    );
+    m.stop();
+    fs_check(&nodes, "denied");
+}
+
 /// The two ways the kernel hands requests over serve one tree: through
 /// io_uring (`--io-uring yes`: large writes parsed where the kernel put
 /// them, 1 MiB reads replied into the ring's buffer, metadata from the
@@ -994,6 +1097,9 @@ fn both_fuse_transports_serve_one_tree() {
     if !can_mount() || !io_uring_offered() {
         return;
     }
+    let _io_uring_allowed = IO_URING_SWITCH
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let pattern = |seed: u8, len: usize| -> Vec<u8> {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
