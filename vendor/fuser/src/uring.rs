@@ -121,10 +121,33 @@ pub(crate) fn abort_connection(mountpoint: &std::path::Path) -> io::Result<()> {
         .split_once(':')
         .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
         .ok_or_else(|| io::Error::other(format!("bad device {dev:?} in the mount table")))?;
-    std::fs::write(
-        format!("/sys/fs/fuse/connections/{}/abort", (major << 20) | minor),
-        b"1",
-    )
+    let connection = std::path::PathBuf::from(format!("{FUSECTL}/{}", (major << 20) | minor));
+    if !connection.exists() {
+        mount_fusectl()?;
+    }
+    std::fs::write(connection.join("abort"), b"1")
+}
+
+/// Where the FUSE control file system lists the connections.
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+/// Mounts the FUSE control file system on [`FUSECTL`]: systemd does at
+/// boot, but a container or a minimal VM may not have it (root only). A
+/// control file system already there is left as it is.
+fn mount_fusectl() -> io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    match mount(
+        Some("fusectl"),
+        FUSECTL,
+        Some("fusectl"),
+        MsFlags::empty(),
+        None::<&str>,
+    ) {
+        Ok(()) | Err(nix::errno::Errno::EBUSY) => Ok(()),
+        Err(e) => Err(io::Error::other(format!(
+            "the FUSE control file system is not on {FUSECTL} and cannot be mounted there: {e}"
+        ))),
+    }
 }
 
 /// The kernel's number of queues: one per possible CPU
