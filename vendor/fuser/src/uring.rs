@@ -135,7 +135,7 @@ const FUSECTL: &str = "/sys/fs/fuse/connections";
 /// boot, but a container or a minimal VM may not have it (root only). A
 /// control file system already there is left as it is.
 fn mount_fusectl() -> io::Result<()> {
-    use nix::mount::{mount, MsFlags};
+    use nix::mount::{MsFlags, mount};
     match mount(
         Some("fusectl"),
         FUSECTL,
