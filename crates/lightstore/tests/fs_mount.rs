@@ -8,7 +8,7 @@ mod node_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nbd_support::have_tools;
@@ -143,48 +143,46 @@ impl Mount {
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }
 
-    /// SIGTERM; waits (bounded) for a clean exit. Returns the mount's log.
-    fn stop(mut self) -> String {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(20);
+    /// Waits up to `limit` for the mount process to exit: its status, or
+    /// `None` if it still runs.
+    fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                let log = self.stderr();
-                assert!(status.success(), "mount exited with {status}: {log}");
-                assert!(!is_mounted(&self.dir), "still mounted after SIGTERM");
-                return log;
+                return Some(status);
             }
             if Instant::now() >= deadline {
-                let threads = thread_stacks(self.child.id());
-                let mounted = is_mounted(&self.dir);
-                // Unstick whatever waits on the connection (an unmount in
-                // the kernel would keep the process from dying), then end
-                // it; its log only once it has exited (the pipe stays open
-                // while it lives).
-                abort_fuse_connection(&self.dir);
-                let _ = self.child.kill();
-                let gone = Instant::now() + Duration::from_secs(10);
-                let mut exited = false;
-                while Instant::now() < gone {
-                    if let Ok(Some(_)) = self.child.try_wait() {
-                        exited = true;
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                let log = if exited {
-                    self.stderr()
-                } else {
-                    "(still alive 10 s after SIGKILL)".to_string()
-                };
-                let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-                panic!(
-                    "mount did not stop on SIGTERM (still mounted: {mounted})\n\
-                     its log:\n{log}\nits threads:\n{threads}"
-                );
+                return None;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// SIGTERM; waits (bounded) for a clean exit. Returns the mount's log.
+    fn stop(mut self) -> String {
+        self.signal(libc::SIGTERM);
+        if let Some(status) = self.exited_within(Duration::from_secs(20)) {
+            let log = self.stderr();
+            assert!(status.success(), "mount exited with {status}: {log}");
+            assert!(!is_mounted(&self.dir), "still mounted after SIGTERM");
+            return log;
+        }
+        let threads = thread_stacks(self.child.id());
+        let mounted = is_mounted(&self.dir);
+        // Unstick whatever waits on the connection (an unmount in the
+        // kernel would keep the process from dying), then end it; its log
+        // only once it has exited (the pipe stays open while it lives).
+        abort_fuse_connection(&self.dir);
+        let _ = self.child.kill();
+        let log = match self.exited_within(Duration::from_secs(10)) {
+            Some(_) => self.stderr(),
+            None => "(still alive 10 s after SIGKILL)".to_string(),
+        };
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        panic!(
+            "mount did not stop on SIGTERM (still mounted: {mounted})\n\
+             its log:\n{log}\nits threads:\n{threads}"
+        );
     }
 
     /// SIGKILL, then detach the dead mount.
@@ -437,18 +435,10 @@ fn a_tree_unpacks_survives_a_remount_and_hosts_git() {
     sh(&format!("fusermount3 -u '{}'", mnt.display()));
     let again = Mount::start(&nodes, "t1", &mnt, &[]);
     let mut m = m;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = m.child.try_wait().expect("wait") {
-            assert!(status.success(), "exit after fusermount3 -u: {status}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "mount did not exit after fusermount3 -u"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let status = m
+        .exited_within(Duration::from_secs(20))
+        .expect("mount did not exit after fusermount3 -u");
+    assert!(status.success(), "exit after fusermount3 -u: {status}");
     tree_equal(&src, &mnt.join("tree"));
     again.stop();
     let out = lightstore(&["fs", "delete", "--nodes", &nodes, "t1"]);
@@ -1068,28 +1058,20 @@ fn a_process_denied_io_uring_mounts_through_dev_fuse() {
     let log = m.stop();
     assert!(log.contains("using /dev/fuse"), "{log}");
 
-    let mut refused = Mount::spawn(&nodes, "denied", &mnt, &["--io-uring", "yes"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = refused.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            abort_fuse_connection(&mnt);
-            let _ = refused.kill();
-            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
-            panic!("--io-uring yes neither mounted nor refused in 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let mut refused = Mount {
+        child: Mount::spawn(&nodes, "denied", &mnt, &["--io-uring", "yes"]),
+        dir: mnt.clone(),
     };
-    let mut said = String::new();
-    if let Some(e) = refused.stderr.as_mut() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut said);
-    }
+    let Some(status) = refused.exited_within(Duration::from_secs(30)) else {
+        // Dropping `refused` kills it and detaches the mount.
+        abort_fuse_connection(&mnt);
+        panic!("--io-uring yes neither mounted nor refused in 30 s");
+    };
+    let said = refused.stderr();
     assert!(!status.success(), "mounted without io_uring: {said}");
     assert!(said.contains("io_uring_disabled"), "{said}");
     assert!(!is_mounted(&mnt), "a refused mount left a mount behind");
+    drop(refused);
 
     drop(denied);
     let m = Mount::start(&nodes, "denied", &mnt, &["--io-uring", "yes"]);
@@ -1139,16 +1121,9 @@ fn an_aborted_connection_ends_the_mount_and_loses_nothing_synced() {
         abort_fuse_connection(&s.mnt);
         let written = writer.join().expect("writer");
         assert!(written < 200_000, "the writer never saw the abort");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if m.child.try_wait().expect("wait").is_some() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                let threads = thread_stacks(m.child.id());
-                panic!("{transport}: the mount outlived its aborted connection:\n{threads}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if m.exited_within(Duration::from_secs(20)).is_none() {
+            let threads = thread_stacks(m.child.id());
+            panic!("{transport}: the mount outlived its aborted connection:\n{threads}");
         }
         let _ = Command::new("fusermount3").arg("-uz").arg(&s.mnt).status();
         drop(m);
