@@ -1,7 +1,8 @@
 # bench/servers.sh — sourced by bench scripts that start servers in the
 # background: `PIDS` holds them, `stop_all` ends them (SIGTERM, then
 # SIGKILL after 30 s), `wait_socket PATH` waits up to 30 s for a Unix
-# socket (the caller defines `die MESSAGE`).
+# socket (the caller defines `die MESSAGE`), `cpu_ticks PID...` the CPU
+# the processes spent, `stat_fields PID` a process's /proc/PID/stat.
 PIDS=()
 stop_all() {
     local p
@@ -13,3 +14,14 @@ stop_all() {
     PIDS=()
 }
 wait_socket() { for _ in $(seq 1 300); do [ -S "$1" ] && return 0; sleep 0.1; done; die "no socket $1"; }
+# The fields of /proc/PID/stat after the process's name (field 3 is $1),
+# which may hold spaces.
+stat_fields() { local f; f=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; echo "${f##*) }"; }
+cpu_ticks() { # PIDs... -> utime+stime of all (their ended threads too), in ticks
+    local t=0 p f
+    for p in "$@"; do
+        f=$(stat_fields "$p") || continue
+        t=$((t + $(echo "$f" | awk '{print $12 + $13}')))
+    done
+    echo "$t"
+}
