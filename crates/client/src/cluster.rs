@@ -320,6 +320,11 @@ impl Inner {
             Err(e) if e.is_node_failure() => return Err(e),
             _ => {}
         }
+        // A node on this machine reads values from the process's shared
+        // memory (`crate::shm`).
+        if crate::conn::unix_path(&self.nodes[i].addr).is_some() {
+            c.attach_shared(crate::shm::Arena::global())?;
+        }
         Ok(c)
     }
 

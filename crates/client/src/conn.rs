@@ -11,6 +11,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use protocol::{decode_reply, encode_request, Reply, ReplyError, ReplyScan, RequestSink};
 
 use crate::error::{ClientError, Result};
+use crate::shm;
 
 /// The Unix socket path of a `unix:PATH` node address.
 pub fn unix_path(node: &str) -> Option<&Path> {
@@ -185,6 +186,23 @@ pub struct Conn {
     /// liveness probe (`None`: it fails at the call timeout). See
     /// [`Conn::set_busy_limit`].
     busy_limit: Option<Duration>,
+    /// The process's shared memory, when the node attached it: values
+    /// lying there go by reference (see [`crate::shm`]).
+    shared: Option<&'static shm::Arena>,
+    /// Blocks of it named by requests sent and not all answered yet.
+    pins: Vec<shm::Pin>,
+    /// Requests sent whose replies were not read yet.
+    unanswered: usize,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.unanswered > 0 {
+            // The node may still be reading what these requests named:
+            // those blocks must never be reused (see `crate::shm`).
+            std::mem::forget(std::mem::take(&mut self.pins));
+        }
+    }
 }
 
 /// The longest a liveness probe waits for its answer.
@@ -277,11 +295,35 @@ impl Conn {
             write_timeout: None,
             run: 0,
             busy_limit: None,
+            shared: None,
+            pins: Vec::new(),
+            unanswered: 0,
         };
         if let Some(pw) = password {
             conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;
         }
         Ok(conn)
+    }
+
+    /// Offers `arena` to the node (`SHMATTACH`); values lying in it then
+    /// go by reference. A node that cannot map it (an older node, another
+    /// user's process) answers an error, and values keep going through
+    /// the socket.
+    pub fn attach_shared(&mut self, arena: Option<&'static shm::Arena>) -> Result<()> {
+        self.shared = None;
+        let Some(arena) = arena else {
+            return Ok(());
+        };
+        match self.call(&arena.attach_args())? {
+            Reply::Error(e) => tracing::debug!(node = %self.node, "no shared memory: {e}"),
+            _ => self.shared = Some(arena),
+        }
+        Ok(())
+    }
+
+    /// Whether values in the process's shared memory go by reference.
+    pub fn shares_memory(&self) -> bool {
+        self.shared.is_some()
     }
 
     fn connect(node: &str, timeout: Duration) -> std::io::Result<Stream> {
@@ -370,9 +412,25 @@ impl Conn {
     /// Long arguments (values) are written from where they lie, not copied.
     pub fn send<R: AsRef<[A]>, A: AsRef<[u8]>>(&mut self, reqs: &[R]) -> Result<()> {
         let mut out = Outgoing::default();
-        for r in reqs {
-            encode_request(r.as_ref(), &mut out);
+        let rewritten: Vec<Option<shm::Rewritten>> = match self.shared {
+            Some(arena) => reqs
+                .iter()
+                .map(|r| shm::rewrite(arena, r.as_ref(), &mut self.pins))
+                .collect(),
+            None => Vec::new(),
+        };
+        let shared_args: Vec<Option<Vec<&[u8]>>> = rewritten
+            .iter()
+            .zip(reqs)
+            .map(|(rw, r)| rw.as_ref().map(|rw| rw.args(r.as_ref())))
+            .collect();
+        for (i, r) in reqs.iter().enumerate() {
+            match shared_args.get(i) {
+                Some(Some(args)) => encode_request(args, &mut out),
+                _ => encode_request(r.as_ref(), &mut out),
+            }
         }
+        self.unanswered += reqs.len();
         let mut slices = out.slices();
         if self.write_timeout != Some(self.timeout) {
             self.stream
@@ -397,7 +455,10 @@ impl Conn {
         let mut replies = Vec::with_capacity(n);
         while replies.len() < n {
             match self.read_reply(deadline) {
-                Ok(reply) => replies.push(reply),
+                Ok(reply) => {
+                    replies.push(reply);
+                    self.answered();
+                }
                 // What arrived so far stays pending: reading goes on.
                 Err(ClientError::Timeout { .. }) if self.node_busy_not_down(started) => {
                     let limit = self.busy_limit.unwrap_or(self.timeout);
@@ -414,6 +475,15 @@ impl Conn {
             }
         }
         Ok(replies)
+    }
+
+    /// Counts one reply read; when none is outstanding, the node is done
+    /// with every block the requests named.
+    fn answered(&mut self) {
+        self.unanswered = self.unanswered.saturating_sub(1);
+        if self.unanswered == 0 {
+            self.pins.clear();
+        }
     }
 
     /// Turns an error reply into [`ClientError::Server`].

@@ -26,6 +26,7 @@ pub mod records;
 mod repair;
 pub mod ring;
 mod runs;
+pub mod shm;
 mod status;
 mod store;
 pub mod testing;

@@ -887,3 +887,87 @@ fn nodes_are_reached_over_unix_sockets() {
         .expect_err("no node behind the path");
     assert!(err.to_string().contains("none.sock"), "{err}");
 }
+
+/// Calls of `command` a node has counted (INFO commandstats), 0 if none.
+fn calls_of(node: &Node, command: &str) -> u64 {
+    let info = node.cli(&["info", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// A client's values held in its shared memory (`client::shm::Payload`,
+/// what the block adapter receives WRITE payloads into) reach a node over
+/// its Unix socket by reference (`SHMATTACH`, `VSETSHM`) and read back
+/// whole; over TCP they travel through the socket; a connection that did
+/// not attach memory gets a clear error for either command.
+#[test]
+fn local_nodes_take_values_from_shared_memory() {
+    use client::shm::Payload;
+    use client::Store;
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let sock = tmp.path().join("node.sock");
+    let sock_arg = sock.to_str().expect("utf-8 path");
+    let node = Node::start_in(&tmp.path().join("n"), &["--unix", sock_arg])
+        .unwrap_or_else(|(code, log)| panic!("node failed ({code:?}):\n{log}"));
+    let mut cfg = ClusterConfig::new([format!("unix:{sock_arg}")]);
+    cfg.replicas = Some(1);
+    let local = Cluster::connect(cfg).expect("client over a Unix socket");
+
+    let pattern = |seed: usize, len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|i| ((i * 31 + seed * 7) % 251) as u8)
+            .collect()
+    };
+    // One payload per write, and one payload cut into several values.
+    let mut payloads = Vec::new();
+    for i in 0..32 {
+        let mut p = Payload::with_capacity(64 << 10);
+        p.extend_from_slice(&pattern(i, 64 << 10));
+        assert!(p.is_shared(), "the process's arena has room");
+        local.put(format!("shm{i}").as_bytes(), &p).expect("put");
+        payloads.push(p);
+    }
+    let big = &payloads[0];
+    let keys: Vec<Vec<u8>> = (0..16).map(|i| format!("part{i}").into_bytes()).collect();
+    let ops: Vec<client::WriteOp<'_>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (&k[..], Some(&big[i * 4096..(i + 1) * 4096])))
+        .collect();
+    local.write(&ops).expect("write");
+    for (i, p) in payloads.iter().enumerate() {
+        let got = local.get(format!("shm{i}").as_bytes()).expect("get");
+        assert_eq!(got.as_deref(), Some(&p[..]), "value {i}");
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let got = local.get(k).expect("get");
+        assert_eq!(got.as_deref(), Some(&big[i * 4096..(i + 1) * 4096]));
+    }
+    let by_ref = calls_of(&node, "vsetshm");
+    assert!(by_ref >= 33, "{by_ref} VSETSHM calls for 33 writes");
+
+    // Over TCP the same values go through the socket.
+    let mut cfg = ClusterConfig::new([format!("127.0.0.1:{}", node.port)]);
+    cfg.replicas = Some(1);
+    let remote = Cluster::connect(cfg).expect("client over TCP");
+    remote.put(b"tcp", &payloads[1]).expect("put over TCP");
+    assert_eq!(
+        remote.get(b"tcp").expect("get").as_deref(),
+        Some(&payloads[1][..])
+    );
+    assert_eq!(calls_of(&node, "vsetshm"), by_ref, "no VSETSHM over TCP");
+
+    let mut conn = std::io::BufReader::new(node.connect());
+    let token = "00".repeat(16);
+    let reply = node_support::call(&mut conn, &[b"SHMATTACH", b"3", b"4120", token.as_bytes()]);
+    assert!(format!("{reply:?}").contains("Unix socket"), "{reply:?}");
+    let reply = node_support::call(&mut conn, &[b"VSETSHM", b"r", b"k", b"1", &[0u8; 16]]);
+    assert!(
+        format!("{reply:?}").contains("without SHMATTACH"),
+        "{reply:?}"
+    );
+    assert_eq!(local.get(b"k").expect("get"), None);
+}

@@ -442,7 +442,12 @@ fn fio_nbd_engine_verifies_sequential_and_random_writes() {
         return;
     }
     let s = setup("128M");
-    let uri = s.nbd.uri("vol1");
+    fio_verifies(&s.nbd.uri("vol1"));
+}
+
+/// fio writes sequentially (1 MiB) and at random (8 KiB, 4 KiB) with
+/// crc32c verification through `uri`.
+fn fio_verifies(uri: &str) {
     for (rw, bs) in [("write", "1M"), ("randwrite", "8k"), ("randwrite", "4k")] {
         let out = stdout(&run(
             "fio",
@@ -463,6 +468,54 @@ fn fio_nbd_engine_verifies_sequential_and_random_writes() {
         ));
         assert!(out.contains("err= 0"), "{rw} {bs}:\n{out}");
     }
+}
+
+/// Over a node's Unix socket the adapter hands WRITE payloads to the node
+/// in shared memory (`VSETSHM`, see `client::shm`): fio's verified writes
+/// and qemu-img's copy of a random image read back exactly, and the node
+/// counted the writes that went by reference.
+#[test]
+fn a_node_on_its_unix_socket_takes_payloads_from_shared_memory() {
+    if !have_tools(&["fio", "qemu-img"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let sock = tmp.path().join("node.sock");
+    let sock_arg = sock.to_str().expect("utf-8 path");
+    let node = Node::start(&["--capacity", "2G", "--unix", sock_arg]);
+    let nbd = NbdProc::start(
+        &format!("unix:{sock_arg}"),
+        &tmp.path().join("nbd.sock"),
+        &["--export", "vol1", "--size", "128M"],
+    );
+    fio_verifies(&nbd.uri("vol1"));
+    let image = tmp.path().join("random.img");
+    let mut data = vec![0u8; 48 << 20];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    std::fs::write(&image, &data).expect("image");
+    let uri = nbd.uri("vol1");
+    let image_arg = image.to_str().expect("utf-8 path");
+    run(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", image_arg, &uri],
+    );
+    run(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", image_arg, &uri],
+    );
+    let info = node.cli(&["info", "commandstats"]);
+    let calls: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_vsetshm:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"));
+    assert!(calls > 0, "no VSETSHM in:\n{info}");
 }
 
 /// SIGTERM drains and flushes: the server exits 0, and what it

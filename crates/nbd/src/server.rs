@@ -15,6 +15,7 @@
 //! FLUSH and FUA call [`client::Store::sync`], which makes every write the
 //! nodes acknowledged durable, whichever connection sent it.
 
+use client::shm::Payload;
 use std::collections::HashMap;
 use std::io::{BufRead, IoSlice, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -591,6 +592,7 @@ impl NbdServer {
         };
         let intake = Mutex::new(Intake {
             rd: std::io::BufReader::with_capacity(READ_BUFFER, sock),
+            after_large_write: false,
             ended: None,
         });
         std::thread::scope(|scope| {
@@ -622,7 +624,9 @@ impl NbdServer {
                 if intake.ended.is_some() {
                     return;
                 }
-                let (batch, end) = self.read_batch(&mut intake.rd, out);
+                let intake = &mut *intake;
+                let (batch, end) =
+                    self.read_batch(&mut intake.rd, &mut intake.after_large_write, out);
                 intake.ended = end;
                 batch
             };
@@ -661,6 +665,7 @@ impl NbdServer {
     fn read_batch(
         &self,
         rd: &mut std::io::BufReader<&Socket>,
+        after_large_write: &mut bool,
         out: &Replies,
     ) -> (Vec<Job>, Option<Result<()>>) {
         let mut batch: Vec<Job> = Vec::new();
@@ -669,7 +674,13 @@ impl NbdServer {
         let mut share = usize::MAX;
         let end = loop {
             let mut header = [0u8; REQUEST_LEN];
-            match rd.read_exact(&mut header) {
+            let got = if *after_large_write && rd.buffer().is_empty() {
+                let mut sock: &Socket = rd.get_ref();
+                sock.read_exact(&mut header)
+            } else {
+                rd.read_exact(&mut header)
+            };
+            match got {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Some(Ok(())),
                 Err(e) => break Some(Err(e.into())),
@@ -684,13 +695,14 @@ impl NbdServer {
                 let e = NbdError::Protocol(format!("WRITE of {} bytes", req.length));
                 break Some(Err(e));
             }
+            *after_large_write = req.kind == cmd::WRITE && req.length >= LARGE_WRITE;
             let payload = if req.kind == cmd::WRITE {
                 match read_payload(rd, req.length as usize) {
                     Ok(p) => p,
                     Err(e) => break Some(Err(e.into())),
                 }
             } else {
-                Vec::new()
+                Payload::in_arena(None, 0)
             };
             if out.broken.load(Ordering::Acquire) {
                 break Some(Ok(()));
@@ -987,11 +999,17 @@ impl NbdServer {
 /// A request read and not yet answered: header, WRITE payload and its
 /// count in the server's requests in flight (released once its reply is
 /// written).
-type Job = (Request, Vec<u8>, InFlight);
+type Job = (Request, Payload, InFlight);
 
 /// A connection's read side, taken by one thread at a time (the leader).
 struct Intake<'s> {
     rd: std::io::BufReader<&'s Socket>,
+    /// Whether the last request read was a WRITE of at least
+    /// [`LARGE_WRITE`] bytes: the next header is then read on its own, so
+    /// that the next payload goes from the socket straight into its
+    /// [`Payload`] rather than through the reader's buffer (a buffered read
+    /// took up to [`READ_BUFFER`] of it, copied once more).
+    after_large_write: bool,
     /// How the stream ended, once it has: no request is read after that.
     ended: Option<Result<()>>,
 }
@@ -1086,6 +1104,9 @@ fn read_share(waiting: usize) -> usize {
 /// Bytes the leader takes from the socket per read call, at most (many
 /// small requests arrive in one).
 const READ_BUFFER: usize = 256 << 10;
+/// WRITEs at least this long are followed by an unbuffered header read
+/// (see `Intake::after_large_write`).
+const LARGE_WRITE: u32 = 64 << 10;
 /// A client that takes no reply bytes for this long is disconnected.
 const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -1139,25 +1160,27 @@ fn stat_index(kind: u16) -> usize {
 }
 
 /// Reads a WRITE's `len` payload bytes: what the leader has buffered,
-/// then straight from the socket into the vector's spare capacity, which
-/// is never zeroed first (`read_to_end` through a `BufReader` zeroed each
-/// payload before the kernel overwrote it: 3 % of a sequential write's CPU).
-fn read_payload(rd: &mut std::io::BufReader<&Socket>, len: usize) -> std::io::Result<Vec<u8>> {
-    let mut p = Vec::with_capacity(len);
+/// then straight from the socket into the payload's spare room, which is
+/// never zeroed first (`read_to_end` through a `BufReader` zeroed each
+/// payload before the kernel overwrote it: 3 % of a sequential write's
+/// CPU). The payload lies in the process's shared memory when it has room,
+/// so its chunks reach nodes on this machine by reference
+/// ([`client::shm`]).
+fn read_payload(rd: &mut std::io::BufReader<&Socket>, len: usize) -> std::io::Result<Payload> {
+    let mut p = Payload::with_capacity(len);
     let buffered = rd.buffer().len().min(len);
     p.extend_from_slice(&rd.buffer()[..buffered]);
     rd.consume(buffered);
     while p.len() < len {
         let want = len - p.len();
-        let n = match rd.get_ref().recv(&mut p.spare_capacity_mut()[..want]) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        // SAFETY: `recv` initialized the first `n` bytes of the spare
-        // capacity (it returns how many it wrote, at most `want`).
-        unsafe { p.set_len(p.len() + n.min(want)) };
+        let got = p.append_with(want, |spare| match rd.get_ref().recv(spare) {
+            // `recv` returns how many bytes it wrote, at most `want`.
+            Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => Ok(n.min(want)),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
+            Err(e) => Err(e),
+        });
+        got?;
     }
     Ok(p)
 }
@@ -1407,7 +1430,7 @@ mod tests {
         };
         let mut b = req.encode().to_vec();
         if kind == cmd::WRITE {
-            b.resize(REQUEST_LEN + length as usize, 7);
+            b.resize(REQUEST_LEN + length as usize, (handle % 251) as u8);
         }
         b
     }
@@ -1423,9 +1446,11 @@ mod tests {
             },
         );
         let (a, b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
-        let mut a = a;
-        std::io::Write::write_all(&mut a, bytes).expect("write requests");
-        drop(a);
+        let bytes = bytes.to_vec();
+        let writer = std::thread::spawn(move || {
+            let mut a = a;
+            std::io::Write::write_all(&mut a, &bytes).expect("write requests");
+        });
         let sock = Socket::from(std::os::fd::OwnedFd::from(b));
         let out = Replies {
             sock: Mutex::new(sock.try_clone().expect("clone")),
@@ -1433,15 +1458,44 @@ mod tests {
         };
         let mut rd = std::io::BufReader::with_capacity(READ_BUFFER, &sock);
         let mut batches = Vec::new();
+        let mut after_large_write = false;
         loop {
-            let (batch, end) = server.read_batch(&mut rd, &out);
+            let (batch, end) = server.read_batch(&mut rd, &mut after_large_write, &out);
             if !batch.is_empty() {
+                for (req, payload, _) in &batch {
+                    if req.kind == cmd::WRITE {
+                        let want = (req.handle % 251) as u8;
+                        assert_eq!(payload.len(), req.length as usize);
+                        assert!(
+                            payload.iter().all(|&b| b == want),
+                            "payload of {}",
+                            req.handle
+                        );
+                    }
+                }
                 batches.push(batch.iter().map(|(r, _, _)| r.kind).collect());
             }
             if end.is_some() {
+                writer.join().expect("writer");
                 return batches;
             }
         }
+    }
+
+    /// After a large WRITE the next header is read on its own (so the
+    /// next payload comes straight from the socket): large and small
+    /// requests still arrive whole and in order.
+    #[test]
+    fn large_writes_and_small_requests_interleave_whole() {
+        let mut bytes = Vec::new();
+        for h in 0..6 {
+            let len = if h % 2 == 0 { 300 << 10 } else { 4096 };
+            bytes.extend(request(cmd::WRITE, h, len));
+            bytes.extend(request(cmd::READ, 100 + h, 4096));
+        }
+        let kinds = batches_of(&bytes).concat();
+        let want: Vec<u16> = (0..6).flat_map(|_| [cmd::WRITE, cmd::READ]).collect();
+        assert_eq!(kinds, want);
     }
 
     /// Reads are split among the connection's threads: a share each of

@@ -28,6 +28,8 @@ pub enum Cmd {
     Vset,
     Vdel,
     Vbatch,
+    Vsetshm,
+    Shmattach,
     Vcas,
     Vmeta,
     Fsync,
@@ -64,6 +66,8 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Vset, "vset", -4),
     (Cmd::Vdel, "vdel", -3),
     (Cmd::Vbatch, "vbatch", -5),
+    (Cmd::Vsetshm, "vsetshm", -5),
+    (Cmd::Shmattach, "shmattach", 4),
     (Cmd::Vcas, "vcas", -5),
     (Cmd::Vmeta, "vmeta", -2),
     (Cmd::Fsync, "fsync", 1),
@@ -207,6 +211,7 @@ impl Cmd {
                 | Cmd::Vset
                 | Cmd::Vdel
                 | Cmd::Vbatch
+                | Cmd::Vsetshm
                 | Cmd::Vcas
                 | Cmd::Fsync
                 | Cmd::Recluster
@@ -231,6 +236,7 @@ impl Cmd {
                 | Cmd::Vset
                 | Cmd::Vdel
                 | Cmd::Vbatch
+                | Cmd::Vsetshm
                 | Cmd::Vcas
                 | Cmd::Vmeta
                 | Cmd::Fsync

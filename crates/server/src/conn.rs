@@ -81,11 +81,12 @@ enum After {
 }
 
 /// Serves one connection until the client leaves, misbehaves or the node stops.
-pub async fn serve<S>(mut stream: S, state: Arc<NodeState>, exec: Arc<Pools>)
+pub async fn serve<S>(mut stream: S, state: Arc<NodeState>, exec: Arc<Pools>, peer_pid: Option<u32>)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut session = Session::new(&state);
+    session.peer_pid = peer_pid;
     let mut parser = RequestParser::new(state.limits);
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let mut wbuf = Wire::new();
@@ -323,6 +324,25 @@ async fn run_batch<S: AsyncWrite + Unpin>(
             index: known.map(|(cmd, _, _)| cmd.index()),
             local: Duration::ZERO,
             engine: false,
+        };
+        // A VSET whose values lie in the client's shared memory runs as
+        // that VSET (counted as VSETSHM).
+        let (known, args) = match known {
+            Some((Cmd::Vsetshm, _, _)) if session.authed => {
+                match crate::shm::resolve(session.shared.as_ref(), args) {
+                    Ok(vset) => (Cmd::lookup(b"vset"), vset),
+                    Err(reply) => {
+                        timing.local = t.elapsed();
+                        timings.push(timing);
+                        slots.push(Slot::Ready(reply, session.resp));
+                        continue;
+                    }
+                }
+            }
+            _ => (known, args),
+        };
+        let Some(name) = args.first() else {
+            continue;
         };
         let reply = match known {
             _ if !session.authed

@@ -38,6 +38,7 @@ mod recluster;
 mod reserved;
 mod run;
 mod session;
+mod shm;
 mod size;
 mod slowlog;
 mod state;

@@ -265,12 +265,15 @@ async fn serve(
                         continue;
                     }
                     let _ = s.set_nodelay(true);
-                    admit(&state, &exec, s);
+                    admit(&state, &exec, s, None);
                 }
                 Err(e) => accept_failed(e).await,
             },
             r = accept_unix(unix.as_ref()) => match r {
-                Ok(s) => admit(&state, &exec, s),
+                Ok(s) => {
+                    let pid = s.peer_cred().ok().and_then(|c| c.pid()).and_then(|p| u32::try_from(p).ok());
+                    admit(&state, &exec, s, pid)
+                }
                 Err(e) => accept_failed(e).await,
             },
             _ = stop.changed() => break,
@@ -320,7 +323,7 @@ fn refuse_protected(state: &Arc<NodeState>, mut stream: tokio::net::TcpStream) {
 }
 
 /// Starts serving a new connection, or refuses it when `maxclients` are connected.
-fn admit<S>(state: &Arc<NodeState>, exec: &Arc<Pools>, mut stream: S)
+fn admit<S>(state: &Arc<NodeState>, exec: &Arc<Pools>, mut stream: S, peer_pid: Option<u32>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -341,7 +344,7 @@ where
     let (state, exec) = (state.clone(), exec.clone());
     tokio::spawn(async move {
         let _guard = guard;
-        crate::conn::serve(stream, state, exec).await;
+        crate::conn::serve(stream, state, exec, peer_pid).await;
     });
 }
 

@@ -21,6 +21,10 @@ pub struct Session {
     pub authed: bool,
     /// CLIENT SETNAME.
     pub name: Option<Bytes>,
+    /// The peer process of a Unix socket connection.
+    pub peer_pid: Option<u32>,
+    /// The client's shared memory, once attached (see [`crate::shm`]).
+    pub shared: Option<std::sync::Arc<crate::shm::Mapping>>,
 }
 
 /// What the connection does after a local command.
@@ -44,6 +48,8 @@ impl Session {
             resp: RespVersion::V2,
             authed: state.config.requirepass.is_none(),
             name: None,
+            peer_pid: None,
+            shared: None,
         }
     }
 }
@@ -102,6 +108,13 @@ pub fn run_local(state: &NodeState, s: &mut Session, cmd: Cmd, args: &[Bytes]) -
             }
         }
         Cmd::Client => client(s, args),
+        Cmd::Shmattach => match crate::shm::attach(s.peer_pid, args) {
+            Ok(map) => {
+                s.shared = Some(map);
+                Reply::ok()
+            }
+            Err(r) => r,
+        },
         Cmd::Select => match int(&args[1]) {
             Some(0) => Reply::ok(),
             Some(_) => Reply::err("DB index is out of range"),
