@@ -56,6 +56,17 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+    /// Performs several writes, each with the rules of [`Device::write_at`].
+    /// Devices that can overlap I/Os issue them in parallel; the default
+    /// writes them in order and stops at the first error. On error, returns
+    /// how many writes, counted from the first, completed before the first
+    /// that failed, with that error (later ones may have completed too).
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> std::result::Result<(), (usize, FlashError)> {
+        for (i, (offset, data)) in writes.iter().enumerate() {
+            self.write_at(*offset, data).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     /// A descriptor on which a read of `len` bytes at `offset` (the rules of
     /// [`Device::read_at`]) may be issued straight into an [`AlignedBuf`] by
     /// a [`crate::ReadQueue`]: `None` (the default) when the device has no

@@ -453,6 +453,41 @@ impl Device for FileDevice {
         Ok(())
     }
 
+    /// The writes in parallel on the I/O pool, each as one `pwrite` (no
+    /// stripes: a job of the pool never waits for the pool).
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> std::result::Result<(), (usize, FlashError)> {
+        if writes.len() < 2 {
+            return writes.first().map_or(Ok(()), |(offset, data)| {
+                self.write_at(*offset, data).map_err(|e| (0, e))
+            });
+        }
+        for (i, (offset, data)) in writes.iter().enumerate() {
+            check_page_range(self.capacity, self.page_size, *offset, data.len() as u64)
+                .map_err(|e| (i, e))?;
+        }
+        let jobs = writes.iter().map(|(offset, data)| {
+            let file = Arc::clone(&self.file);
+            let (direct, at) = (self.direct, *offset);
+            let borrowed = BorrowedSlice(data.as_ptr(), data.len());
+            move || {
+                // SAFETY: `run_all` below waits for every job (also one
+                // that panics) before `write_many` returns, so each slice
+                // outlives its use here, and nothing writes to it meanwhile
+                // (borrowed shared).
+                let data = unsafe { borrowed.as_slice() };
+                Ok(Self::write_from(&file, direct, at, data))
+            }
+        });
+        let results = self.pool.run_all(jobs).map_err(|e| (0, e))?;
+        for (done, ((_, data), r)) in writes.iter().zip(results).enumerate() {
+            r.map_err(|e| (done, e))?;
+            let len = data.len() as u64;
+            self.counters
+                .record_write(len / u64::from(self.page_size), len);
+        }
+        Ok(())
+    }
+
     fn sync(&self) -> Result<()> {
         self.file.sync_data()?;
         self.counters.record_sync();
@@ -725,6 +760,38 @@ mod tests {
             (1, 3, data.len() as u64)
         );
         assert_eq!((c.read_ops, c.pages_read), (2, 4));
+    }
+
+    /// Several writes at once land where they belong (the pool writes them
+    /// in parallel); one out of range is refused before any is written,
+    /// with its index.
+    #[test]
+    fn write_many_lands_every_write() {
+        let (_dir, dev) = open_temp(1 << 20);
+        let parts: Vec<Vec<u8>> = (0..6).map(|i| pattern(2 * PS as usize, i as u8)).collect();
+        let writes: Vec<(u64, &[u8])> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ((5 - i as u64) * 2 * u64::from(PS), &p[..]))
+            .collect();
+        dev.write_many(&writes).unwrap();
+        for (at, data) in &writes {
+            let mut back = vec![0u8; data.len()];
+            dev.read_at(*at, &mut back).unwrap();
+            assert_eq!(&back, data, "write at {at}");
+        }
+        let c = dev.counters();
+        assert_eq!((c.write_ops, c.bytes_written), (6, 12 * u64::from(PS)));
+
+        let other = pattern(PS as usize, 9);
+        let bad: Vec<(u64, &[u8])> = vec![(0, &other), (PS.into(), &other), (1 << 20, &other)];
+        match dev.write_many(&bad) {
+            Err((2, FlashError::OutOfRange(_))) => {}
+            other => panic!("expected the third write refused: {other:?}"),
+        }
+        let mut back = vec![0u8; PS as usize];
+        dev.read_at(0, &mut back).unwrap();
+        assert_eq!(back, parts[5][..PS as usize], "nothing written");
     }
 
     #[test]

@@ -507,15 +507,40 @@ impl FlashStore {
     /// Writes whole pages at page index `page` of Used segment `seg`.
     /// Pages must be written at most once between erases (append-only).
     pub fn write(&self, seg: SegmentId, page: u32, data: &[u8]) -> Result<()> {
+        let at = self.write_offset(seg, page, data.len())?;
+        self.device_op(DeviceOp::Write, || self.dev.write_at(at, data))
+    }
+
+    /// Writes each `(seg, page, data)` as [`Self::write`] does, in parallel
+    /// where the device can; on error, how many writes, counted from the
+    /// first, completed before the first that failed, with its error
+    /// (later ones may be on the device too).
+    pub fn write_many(
+        &self,
+        writes: &[(SegmentId, u32, &[u8])],
+    ) -> std::result::Result<(), (usize, FlashError)> {
+        let mut at = Vec::with_capacity(writes.len());
+        for (i, &(seg, page, data)) in writes.iter().enumerate() {
+            at.push((
+                self.write_offset(seg, page, data.len())
+                    .map_err(|e| (i, e))?,
+                data,
+            ));
+        }
+        self.device_op(DeviceOp::Write, || self.dev.write_many(&at))
+    }
+
+    /// Validates a write of `len` bytes at `page` of `seg`; returns the
+    /// device offset.
+    fn write_offset(&self, seg: SegmentId, page: u32, len: usize) -> Result<u64> {
         self.check_segment(seg)?;
         let ps = self.geo.page_size as usize;
-        if !data.len().is_multiple_of(ps) {
+        if !len.is_multiple_of(ps) {
             return Err(FlashError::Misaligned(format!(
-                "write of {} bytes is not whole {ps}-byte pages",
-                data.len()
+                "write of {len} bytes is not whole {ps}-byte pages"
             )));
         }
-        let pages = (data.len() / ps) as u64;
+        let pages = (len / ps) as u64;
         if u64::from(page) + pages > u64::from(self.geo.pages_per_segment) {
             return Err(FlashError::OutOfRange(format!(
                 "write of {pages} pages at page {page} exceeds segment of {} pages",
@@ -528,8 +553,7 @@ impl FlashStore {
                 "write to segment {seg} which is {state:?}, not Used"
             )));
         }
-        let at = self.segment_offset(seg) + u64::from(page) * ps as u64;
-        self.device_op(DeviceOp::Write, || self.dev.write_at(at, data))
+        Ok(self.segment_offset(seg) + u64::from(page) * ps as u64)
     }
 
     /// Validates a read of `len` bytes at byte `offset` of `seg`; returns the device offset.
