@@ -316,14 +316,12 @@ impl Conn {
         };
         match self.call(&arena.attach_args())? {
             Reply::Error(e) => tracing::debug!(node = %self.node, "no shared memory: {e}"),
-            _ => self.shared = Some(arena),
+            _ => {
+                arena.note_attached();
+                self.shared = Some(arena);
+            }
         }
         Ok(())
-    }
-
-    /// Whether values in the process's shared memory go by reference.
-    pub fn shares_memory(&self) -> bool {
-        self.shared.is_some()
     }
 
     fn connect(node: &str, timeout: Duration) -> std::io::Result<Stream> {

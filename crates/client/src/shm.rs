@@ -32,7 +32,7 @@
 
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -64,6 +64,9 @@ pub struct Arena {
     refs: Box<[AtomicU32]>,
     /// The block payloads are cut from and how much of it is used.
     cursor: Mutex<(usize, usize)>,
+    /// Whether some node attached it: until then payloads stay on the
+    /// heap (a client of remote nodes only never touches the arena).
+    attached: AtomicBool,
 }
 
 // SAFETY: the mapping is owned by the arena and lives as long as it (the
@@ -155,6 +158,7 @@ impl Arena {
             token,
             refs,
             cursor: Mutex::new((0, 0)),
+            attached: AtomicBool::new(false),
         })
     }
 
@@ -168,6 +172,11 @@ impl Arena {
             self.len.to_string().into_bytes(),
             hex.into_bytes(),
         ]
+    }
+
+    /// Records that a node attached it (see [`Payload::with_capacity`]).
+    pub(crate) fn note_attached(&self) {
+        self.attached.store(true, Ordering::Release);
     }
 
     /// Blocks no payload or pin holds (the one being cut from counts as held).
@@ -330,10 +339,16 @@ enum Place {
 }
 
 impl Payload {
-    /// An empty payload with room for `cap` bytes (in the arena when it
-    /// exists and has a free block).
+    /// An empty payload with room for `cap` bytes: in the process's arena
+    /// when a node attached it and it has a free block, else on the heap.
     pub fn with_capacity(cap: usize) -> Payload {
-        Self::in_arena(Arena::global(), cap)
+        let arena = Arena::global().filter(|a| a.attached.load(Ordering::Acquire));
+        Self::in_arena(arena, cap)
+    }
+
+    /// An empty payload with no room, on the heap (no allocation).
+    pub fn empty() -> Payload {
+        Self::in_arena(None, 0)
     }
 
     /// An empty payload with room for `cap` bytes in `arena` if it has

@@ -915,6 +915,9 @@ fn local_nodes_take_values_from_shared_memory() {
     let mut cfg = ClusterConfig::new([format!("unix:{sock_arg}")]);
     cfg.replicas = Some(1);
     let local = Cluster::connect(cfg).expect("client over a Unix socket");
+    // Payloads go to the arena once a node attached it (a first call
+    // opens a connection).
+    assert_eq!(local.get(b"none").expect("get"), None);
 
     let pattern = |seed: usize, len: usize| -> Vec<u8> {
         (0..len)
@@ -926,7 +929,7 @@ fn local_nodes_take_values_from_shared_memory() {
     for i in 0..32 {
         let mut p = Payload::with_capacity(64 << 10);
         p.extend_from_slice(&pattern(i, 64 << 10));
-        assert!(p.is_shared(), "the process's arena has room");
+        assert!(p.is_shared(), "attached, and the arena has room");
         local.put(format!("shm{i}").as_bytes(), &p).expect("put");
         payloads.push(p);
     }

@@ -702,7 +702,7 @@ impl NbdServer {
                     Err(e) => break Some(Err(e.into())),
                 }
             } else {
-                Payload::in_arena(None, 0)
+                Payload::empty()
             };
             if out.broken.load(Ordering::Acquire) {
                 break Some(Ok(()));
