@@ -176,14 +176,7 @@ fn qemu_img_convert_compare_map_and_nbdcopy_both_ways() {
     }
     std::fs::write(&img, &data).expect("image");
     let img_s = img.to_str().expect("path");
-    run(
-        "qemu-img",
-        &["convert", "-n", "-f", "raw", "-O", "raw", img_s, &uri],
-    );
-    run(
-        "qemu-img",
-        &["compare", "-f", "raw", "-F", "raw", img_s, &uri],
-    );
+    convert_onto_and_compare(img_s, &uri);
     let map = stdout(&run(
         "qemu-img",
         &["map", "--output=json", "-f", "raw", &uri],
@@ -470,6 +463,19 @@ fn fio_verifies(uri: &str) {
     }
 }
 
+/// `qemu-img convert` of the raw image `image` onto the export at `uri`,
+/// then `qemu-img compare` of the two.
+fn convert_onto_and_compare(image: &str, uri: &str) {
+    run(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", image, uri],
+    );
+    run(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", image, uri],
+    );
+}
+
 /// Over a node's Unix socket the adapter hands WRITE payloads to the node
 /// in shared memory (`VSETSHM`, see `client::shm`): fio's verified writes
 /// and qemu-img's copy of a random image read back exactly, and the node
@@ -499,16 +505,7 @@ fn a_node_on_its_unix_socket_takes_payloads_from_shared_memory() {
         *b = x as u8;
     }
     std::fs::write(&image, &data).expect("image");
-    let uri = nbd.uri("vol1");
-    let image_arg = image.to_str().expect("utf-8 path");
-    run(
-        "qemu-img",
-        &["convert", "-n", "-f", "raw", "-O", "raw", image_arg, &uri],
-    );
-    run(
-        "qemu-img",
-        &["compare", "-f", "raw", "-F", "raw", image_arg, &uri],
-    );
+    convert_onto_and_compare(image.to_str().expect("utf-8 path"), &nbd.uri("vol1"));
     let info = node.cli(&["info", "commandstats"]);
     let calls: u64 = info
         .lines()
