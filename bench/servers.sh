@@ -3,6 +3,12 @@
 # SIGKILL after 30 s), `wait_socket PATH` waits up to 30 s for a Unix
 # socket (the caller defines `die MESSAGE`), `cpu_ticks PID...` the CPU
 # the processes spent, `stat_fields PID` a process's /proc/PID/stat.
+# `lock_dir DIR` holds DIR.lock (left in place) for the rest of the script, or dies when
+# another bench holds it (two runs on one DIR removed each other's files).
+lock_dir() {
+    exec 9>"$1.lock"
+    flock -n 9 || die "another benchmark is using $1 (its lock $1.lock is held)"
+}
 PIDS=()
 stop_all() {
     local p
