@@ -283,6 +283,30 @@ impl FileDevice {
         Ok(())
     }
 
+    /// Writes each `(offset, data)` as one `pwrite` on the I/O pool, all at
+    /// once, straight from the callers' buffers (no copy); waits for every
+    /// one and returns their results in order (`Err` only when a job could
+    /// not run). The jobs never wait for the pool themselves.
+    fn write_on_pool<'a>(
+        &self,
+        writes: impl Iterator<Item = (u64, &'a [u8])>,
+    ) -> Result<Vec<Result<()>>> {
+        let jobs = writes.map(|(at, data)| {
+            let file = Arc::clone(&self.file);
+            let direct = self.direct;
+            let borrowed = BorrowedSlice(data.as_ptr(), data.len());
+            move || {
+                // SAFETY: `run_all` below waits for every job (also one that
+                // panics) before `write_on_pool` returns, so each slice,
+                // borrowed for `'a`, outlives its use here, and nothing
+                // writes to it meanwhile (it is borrowed shared).
+                let data = unsafe { borrowed.as_slice() };
+                Ok(Self::write_from(&file, direct, at, data))
+            }
+        });
+        self.pool.run_all(jobs)
+    }
+
     /// Writes `data`, through an aligned bounce buffer if direct I/O needs one.
     fn write_from(file: &File, direct: bool, offset: u64, data: &[u8]) -> Result<()> {
         if direct && !is_io_aligned(data.as_ptr()) {
@@ -427,23 +451,14 @@ impl Device for FileDevice {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         check_page_range(self.capacity, self.page_size, offset, data.len() as u64)?;
         if data.len() >= 2 * self.stripe {
-            // Consecutive stripes are written in parallel, straight from the
-            // caller's buffer (no copy).
-            let jobs = data.chunks(self.stripe).enumerate().map(|(i, chunk)| {
-                let file = Arc::clone(&self.file);
-                let direct = self.direct;
-                let at = offset + (i * self.stripe) as u64;
-                let borrowed = BorrowedSlice(chunk.as_ptr(), chunk.len());
-                move || {
-                    // SAFETY: `run_all` below waits for every job (also one
-                    // that panics) before `write_at` returns, so `data`
-                    // outlives each use of this pointer, and nothing writes
-                    // to `data` meanwhile (it is borrowed shared).
-                    let chunk = unsafe { borrowed.as_slice() };
-                    Self::write_from(&file, direct, at, chunk)
-                }
-            });
-            self.pool.run_all(jobs)?;
+            // Consecutive stripes are written in parallel.
+            let stripes = data
+                .chunks(self.stripe)
+                .enumerate()
+                .map(|(i, chunk)| (offset + (i * self.stripe) as u64, chunk));
+            self.write_on_pool(stripes)?
+                .into_iter()
+                .collect::<Result<()>>()?;
         } else {
             Self::write_from(&self.file, self.direct, offset, data)?;
         }
@@ -453,8 +468,8 @@ impl Device for FileDevice {
         Ok(())
     }
 
-    /// The writes in parallel on the I/O pool, each as one `pwrite` (no
-    /// stripes: a job of the pool never waits for the pool).
+    /// The writes in parallel on the I/O pool, each as one `pwrite` (not
+    /// split into stripes: a job of the pool never waits for the pool).
     fn write_many(&self, writes: &[(u64, &[u8])]) -> std::result::Result<(), (usize, FlashError)> {
         if writes.len() < 2 {
             return writes.first().map_or(Ok(()), |(offset, data)| {
@@ -465,20 +480,9 @@ impl Device for FileDevice {
             check_page_range(self.capacity, self.page_size, *offset, data.len() as u64)
                 .map_err(|e| (i, e))?;
         }
-        let jobs = writes.iter().map(|(offset, data)| {
-            let file = Arc::clone(&self.file);
-            let (direct, at) = (self.direct, *offset);
-            let borrowed = BorrowedSlice(data.as_ptr(), data.len());
-            move || {
-                // SAFETY: `run_all` below waits for every job (also one
-                // that panics) before `write_many` returns, so each slice
-                // outlives its use here, and nothing writes to it meanwhile
-                // (borrowed shared).
-                let data = unsafe { borrowed.as_slice() };
-                Ok(Self::write_from(&file, direct, at, data))
-            }
-        });
-        let results = self.pool.run_all(jobs).map_err(|e| (0, e))?;
+        let results = self
+            .write_on_pool(writes.iter().copied())
+            .map_err(|e| (0, e))?;
         for (done, ((_, data), r)) in writes.iter().zip(results).enumerate() {
             r.map_err(|e| (done, e))?;
             let len = data.len() as u64;
