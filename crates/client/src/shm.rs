@@ -254,12 +254,6 @@ impl Drop for Pin {
     }
 }
 
-/// Whether argument `i` of a `VSET` is a value (`VSET key version value ...`)
-/// long enough to go by reference.
-fn is_value(i: usize, arg: &[u8]) -> bool {
-    i > 0 && i.is_multiple_of(3) && arg.len() >= MIN_REF_VALUE
-}
-
 /// A `VSET` rewritten as `VSETSHM mask key version value-or-ref ...`.
 pub(crate) struct Rewritten {
     /// `r` where the value goes by reference, `v` where it is inline.
@@ -299,12 +293,10 @@ pub(crate) fn rewrite<A: AsRef<[u8]>>(
     }
     let mut mask = Vec::with_capacity(args.len() / 3);
     let mut refs = Vec::new();
-    for (i, a) in args.iter().enumerate().skip(1) {
-        let a = a.as_ref();
-        if !i.is_multiple_of(3) {
-            continue;
-        }
-        match is_value(i, a).then(|| arena.pin(a)).flatten() {
+    // The values: `VSET key version value [key version value ...]`.
+    for value in args.iter().skip(3).step_by(3) {
+        let a = value.as_ref();
+        match (a.len() >= MIN_REF_VALUE).then(|| arena.pin(a)).flatten() {
             Some((offset, pin)) => {
                 let mut r = [0u8; REF_LEN];
                 r[..8].copy_from_slice(&offset.to_le_bytes());
