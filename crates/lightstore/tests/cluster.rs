@@ -582,11 +582,7 @@ fn fsyncs(c: &Cluster, i: usize) -> u64 {
     else {
         panic!("INFO is not a bulk string");
     };
-    String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fsync:calls="))
-        .and_then(|l| l.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    node_support::command_calls(&String::from_utf8_lossy(&info), "fsync").unwrap_or(0)
 }
 
 /// `write_atomic_durable` is followed by `FSYNC` on each replica it wrote
@@ -859,20 +855,26 @@ fn compare_and_set_writes_only_over_the_expected_version() {
     }
 }
 
+/// A node on `dir` listening on a Unix socket there as well, and a
+/// one-replica client reaching it over that socket.
+fn node_on_unix_socket(dir: &Path) -> (Node, Cluster) {
+    let sock = dir.join("node.sock");
+    let sock_arg = sock.to_str().expect("utf-8 path");
+    let node = Node::start_in(&dir.join("n"), &["--unix", sock_arg])
+        .unwrap_or_else(|(code, log)| panic!("node failed ({code:?}):\n{log}"));
+    let mut cfg = ClusterConfig::new([format!("unix:{sock_arg}")]);
+    cfg.replicas = Some(1);
+    let client = Cluster::connect(cfg).expect("client over a Unix socket");
+    (node, client)
+}
+
 /// A node on this machine can be reached over its Unix socket
 /// (`unix:PATH` in the node list): reads, writes, ranges and a sync work
 /// as over TCP, and a missing socket is a clear connection error.
 #[test]
 fn nodes_are_reached_over_unix_sockets() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let sock = tmp.path().join("node.sock");
-    let sock_arg = sock.to_str().expect("utf-8 path");
-    let _node = Node::start_in(&tmp.path().join("n"), &["--unix", sock_arg])
-        .unwrap_or_else(|(code, log)| panic!("node failed ({code:?}):\n{log}"));
-    let addr = format!("unix:{sock_arg}");
-    let mut cfg = ClusterConfig::new([addr.clone()]);
-    cfg.replicas = Some(1);
-    let c = Cluster::connect(cfg).expect("client over a Unix socket");
+    let (_node, c) = node_on_unix_socket(tmp.path());
     c.set(b"u1", b"one").expect("set");
     c.mset(&[(b"u2".to_vec(), b"two".to_vec())]).expect("mset");
     assert_eq!(c.get(b"u1").expect("get").as_deref(), Some(&b"one"[..]));
@@ -888,15 +890,6 @@ fn nodes_are_reached_over_unix_sockets() {
     assert!(err.to_string().contains("none.sock"), "{err}");
 }
 
-/// Calls of `command` a node has counted (INFO commandstats), 0 if none.
-fn calls_of(node: &Node, command: &str) -> u64 {
-    let info = node.cli(&["info", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("a count"))
-}
-
 /// A client's values held in its shared memory (`client::shm::Payload`,
 /// what the block adapter receives WRITE payloads into) reach a node over
 /// its Unix socket by reference (`SHMATTACH`, `VSETSHM`) and read back
@@ -908,13 +901,7 @@ fn local_nodes_take_values_from_shared_memory() {
     use client::Store;
 
     let tmp = tempfile::tempdir().expect("tempdir");
-    let sock = tmp.path().join("node.sock");
-    let sock_arg = sock.to_str().expect("utf-8 path");
-    let node = Node::start_in(&tmp.path().join("n"), &["--unix", sock_arg])
-        .unwrap_or_else(|(code, log)| panic!("node failed ({code:?}):\n{log}"));
-    let mut cfg = ClusterConfig::new([format!("unix:{sock_arg}")]);
-    cfg.replicas = Some(1);
-    let local = Cluster::connect(cfg).expect("client over a Unix socket");
+    let (node, local) = node_on_unix_socket(tmp.path());
     // Payloads go to the arena once a node attached it (a first call
     // opens a connection).
     assert_eq!(local.get(b"none").expect("get"), None);
@@ -949,7 +936,7 @@ fn local_nodes_take_values_from_shared_memory() {
         let got = local.get(k).expect("get");
         assert_eq!(got.as_deref(), Some(&big[i * 4096..(i + 1) * 4096]));
     }
-    let by_ref = calls_of(&node, "vsetshm");
+    let by_ref = node.calls_of("vsetshm");
     assert!(by_ref >= 33, "{by_ref} VSETSHM calls for 33 writes");
 
     // Over TCP the same values go through the socket.
@@ -961,7 +948,7 @@ fn local_nodes_take_values_from_shared_memory() {
         remote.get(b"tcp").expect("get").as_deref(),
         Some(&payloads[1][..])
     );
-    assert_eq!(calls_of(&node, "vsetshm"), by_ref, "no VSETSHM over TCP");
+    assert_eq!(node.calls_of("vsetshm"), by_ref, "no VSETSHM over TCP");
 
     let mut conn = std::io::BufReader::new(node.connect());
     let token = "00".repeat(16);

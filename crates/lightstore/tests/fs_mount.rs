@@ -478,11 +478,7 @@ fn missing_names_are_remembered_until_created() {
 
 /// Node `MGET` calls counted since the last `CONFIG RESETSTAT`.
 fn node_mgets(node: &node_support::Node) -> u64 {
-    node.cli(&["info", "commandstats"])
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_mget:calls="))
-        .filter_map(|l| l.split(',').next()?.parse::<u64>().ok())
-        .sum()
+    node.calls_of("mget")
 }
 
 /// `rm -rf` of a directory on a freshly started mount (nothing cached):

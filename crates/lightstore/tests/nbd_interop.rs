@@ -262,10 +262,7 @@ print("ok")
     // Every probe of chunks (VMETA) on the node: a handful per listing,
     // not one per 8 MiB of the volume (131,072).
     let stats = s.node.cli(&["info", "commandstats"]);
-    let probes: Option<u64> = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_vmeta:calls="))
-        .and_then(|l| l.split(',').next()?.parse().ok());
+    let probes = node_support::command_calls(&stats, "vmeta");
     // Some (the stored chunks are confirmed), but few.
     assert!(
         probes.is_some_and(|n| n < 1000),
@@ -507,12 +504,8 @@ fn a_node_on_its_unix_socket_takes_payloads_from_shared_memory() {
     std::fs::write(&image, &data).expect("image");
     convert_onto_and_compare(image.to_str().expect("utf-8 path"), &nbd.uri("vol1"));
     let info = node.cli(&["info", "commandstats"]);
-    let calls: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_vsetshm:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("a count"));
-    assert!(calls > 0, "no VSETSHM in:\n{info}");
+    let calls = node_support::command_calls(&info, "vsetshm");
+    assert!(calls.is_some_and(|n| n > 0), "no VSETSHM in:\n{info}");
 }
 
 /// SIGTERM drains and flushes: the server exits 0, and what it

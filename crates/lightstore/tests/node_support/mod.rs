@@ -139,6 +139,12 @@ impl Node {
         }
     }
 
+    /// Calls of `command` the node has counted since its start or the last
+    /// `CONFIG RESETSTAT` (`INFO commandstats`), 0 when it lists none.
+    pub fn calls_of(&self, command: &str) -> u64 {
+        command_calls(&self.cli(&["info", "commandstats"]), command).unwrap_or(0)
+    }
+
     /// Everything the node printed to stderr so far, one string.
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
@@ -244,6 +250,15 @@ pub enum Resp {
 }
 
 /// Encodes a request as a RESP array of bulk strings.
+/// Calls of `command` in an `INFO commandstats` text
+/// (`cmdstat_NAME:calls=N,...`), if it lists the command.
+pub fn command_calls(info: &str, command: &str) -> Option<u64> {
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+}
+
 pub fn encode(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
