@@ -40,7 +40,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::types::{Entry, SeqNo};
+use bytes::Bytes;
+
+use crate::tag::Tagging;
+use crate::types::{Entry, Kind, SeqNo, ValuePtr};
 
 /// Versions in the unsorted tail before it becomes a run: small enough that
 /// sorting it (under the lock readers take) and a reader's sorted copy of
@@ -91,6 +94,15 @@ fn head_of(key: &[u8]) -> KeyHead {
     head
 }
 
+/// A key as the comparisons see it: its head, its length, and the bytes
+/// past the head (empty for a key of at most [`HEAD_LEN`] bytes).
+type KeyAt<'a> = (&'a KeyHead, usize, &'a [u8], SeqNo);
+
+/// The bytes of `key` past its head.
+fn tail_of(key: &[u8]) -> &[u8] {
+    key.get(HEAD_LEN..).unwrap_or(&[])
+}
+
 /// Orders `(key, seq)` pairs as [`crate::types::entry_order`] does, heads
 /// first.
 ///
@@ -98,39 +110,92 @@ fn head_of(key: &[u8]) -> KeyHead {
 /// shorter key is zero-padded. If either key is at most 32 bytes long, the
 /// shorter key is then a prefix of the longer (or they are equal), so the
 /// lengths decide; otherwise the tails decide.
-fn order(a: (&KeyHead, &[u8], SeqNo), b: (&KeyHead, &[u8], SeqNo)) -> Ordering {
+fn order(a: KeyAt, b: KeyAt) -> Ordering {
     a.0.cmp(b.0)
         .then_with(|| {
-            if a.1.len().min(b.1.len()) <= HEAD_LEN {
-                a.1.len().cmp(&b.1.len())
+            if a.1.min(b.1) <= HEAD_LEN {
+                a.1.cmp(&b.1)
             } else {
-                a.1[HEAD_LEN..].cmp(&b.1[HEAD_LEN..])
+                a.2.cmp(b.2)
             }
         })
-        .then(b.2.cmp(&a.2))
+        .then(b.3.cmp(&a.3))
 }
 
-/// One version with its key's head.
+/// One version, its key in its head when the key fits there.
+///
+/// A key of at most [`HEAD_LEN`] bytes (the adapters' keys, the usual
+/// `user1234…` keys) is held whole by the head, so copying an item in a
+/// merge is a plain copy. Items used to hold the key's `Bytes`, shared with
+/// the point index: every merge then added and dropped a reference, two
+/// atomic operations per version per merge, a twentieth of a node's CPU on
+/// a block volume's fill. Only longer keys keep their bytes, in `long`.
 #[derive(Clone, Debug)]
 struct Item {
     head: KeyHead,
-    entry: Entry,
+    key_len: u32,
+    /// The whole key, for a key longer than [`HEAD_LEN`] bytes.
+    long: Option<Bytes>,
+    seq: SeqNo,
+    kind: Kind,
+    ptr: ValuePtr,
+    tag: Tagging,
 }
 
 impl Item {
-    fn new(entry: Entry) -> Self {
+    fn new(entry: &Entry) -> Self {
         Item {
             head: head_of(&entry.key),
-            entry,
+            // Keys are bounded far below 4 GiB (`Options::max_key_size`).
+            key_len: u32::try_from(entry.key.len()).unwrap_or(u32::MAX),
+            long: (entry.key.len() > HEAD_LEN).then(|| entry.key.clone()),
+            seq: entry.seq,
+            kind: entry.kind,
+            ptr: entry.ptr,
+            tag: entry.tag,
         }
     }
 
-    fn at(&self) -> (&KeyHead, &[u8], SeqNo) {
-        (&self.head, &self.entry.key, self.entry.seq)
+    fn tail(&self) -> &[u8] {
+        self.long.as_deref().map_or(&[], tail_of)
+    }
+
+    fn at(&self) -> KeyAt<'_> {
+        (&self.head, self.key_len as usize, self.tail(), self.seq)
     }
 
     fn cmp(&self, o: &Item) -> Ordering {
         order(self.at(), o.at())
+    }
+
+    /// Whether its key is `key`, whose head is `head`.
+    fn has_key(&self, head: &KeyHead, key: &[u8]) -> bool {
+        self.head == *head && self.key_len as usize == key.len() && self.tail() == tail_of(key)
+    }
+
+    /// The key's bytes: shared for a long key, copied out of the head
+    /// for a short one.
+    fn key(&self) -> Bytes {
+        match &self.long {
+            Some(key) => key.clone(),
+            None => {
+                let mut bytes = [0u8; HEAD_LEN];
+                for (out, word) in bytes.chunks_exact_mut(8).zip(self.head) {
+                    out.copy_from_slice(&word.to_be_bytes());
+                }
+                Bytes::copy_from_slice(&bytes[..self.key_len as usize])
+            }
+        }
+    }
+
+    fn entry(&self) -> Entry {
+        Entry {
+            key: self.key(),
+            seq: self.seq,
+            kind: self.kind,
+            ptr: self.ptr,
+            tag: self.tag,
+        }
     }
 }
 
@@ -220,7 +285,8 @@ fn seek(run: &RunData, head: &KeyHead, key: &[u8], seq: SeqNo) -> usize {
         first_not_below + run.fences[first_not_below..].partition_point(|h| h == head);
     let lo = first_not_below.saturating_sub(1) * FENCE;
     let hi = (first_above * FENCE).min(run.items.len());
-    lo + run.items[lo..hi].partition_point(|it| order(it.at(), (head, key, seq)) == Ordering::Less)
+    let at = (head, key.len(), tail_of(key), seq);
+    lo + run.items[lo..hi].partition_point(|it| order(it.at(), at) == Ordering::Less)
 }
 
 /// Keeps, of emptied run vectors, every one with room for more than half
@@ -328,7 +394,7 @@ impl SortedRuns {
     }
 
     /// Adds one version.
-    pub(crate) fn insert(&self, entry: Entry) {
+    pub(crate) fn insert(&self, entry: &Entry) {
         let _writer = self.writer.lock();
         self.inserted.fetch_add(1, AtomicOrdering::Relaxed);
         {
@@ -427,10 +493,7 @@ impl SortedRuns {
         // The tail is newer than every run: its match wins a tie.
         let mut best: Option<&Item> = None;
         for it in &st.tail {
-            if it.entry.key.as_ref() == key
-                && it.entry.seq <= seq
-                && best.is_none_or(|b| it.entry.seq >= b.entry.seq)
-            {
+            if it.has_key(&head, key) && it.seq <= seq && best.is_none_or(|b| it.seq >= b.seq) {
                 best = Some(it);
             }
         }
@@ -438,11 +501,11 @@ impl SortedRuns {
             let Some(it) = run.get(seek(run, &head, key, seq)) else {
                 continue;
             };
-            if it.entry.key.as_ref() == key && best.is_none_or(|b| it.entry.seq > b.entry.seq) {
+            if it.has_key(&head, key) && best.is_none_or(|b| it.seq > b.seq) {
                 best = Some(it);
             }
         }
-        best.map(|it| it.entry.clone())
+        best.map(Item::entry)
     }
 
     /// Every version inserted so far, as of now.
@@ -608,7 +671,9 @@ impl Merged {
             // Its key bytes lie elsewhere, in insertion order: fetch them
             // now, while the other runs' items come out, rather than when
             // the consumer reads this key.
-            prefetch(next.entry.key.as_ptr());
+            if let Some(key) = &next.long {
+                prefetch(key.as_ptr());
+            }
         } else {
             let last = self.heap.len() - 1;
             self.heap.swap(0, last);
@@ -660,7 +725,7 @@ impl Iterator for Merged {
             }
             self.advance_top();
         }
-        Some(item.entry)
+        Some(item.entry())
     }
 }
 
@@ -717,7 +782,7 @@ mod tests {
         let runs = SortedRuns::with_limits(tail, max_run);
         let n = 20 * max_run + 3 * tail;
         for i in 0..n as u32 {
-            runs.insert(put_at(&i.to_be_bytes(), u64::from(i) + 1, i));
+            runs.insert(&put_at(&i.to_be_bytes(), u64::from(i) + 1, i));
         }
         let full = runs
             .state
@@ -737,7 +802,7 @@ mod tests {
         let next = SortedRuns::with_limits(tail, max_run);
         *next.spares.lock() = spares;
         for i in 0..n as u32 {
-            next.insert(put_at(&i.to_be_bytes(), 1, i));
+            next.insert(&put_at(&i.to_be_bytes(), 1, i));
         }
         let left = next
             .spares
@@ -761,7 +826,7 @@ mod tests {
         let n: u32 = 40 * max_run as u32;
         for i in 0..n {
             let k = (i.wrapping_mul(2_654_435_761) % 997).to_be_bytes();
-            runs.insert(put_at(&k, u64::from(i % 7), i));
+            runs.insert(&put_at(&k, u64::from(i % 7), i));
             model.insert((k.to_vec(), std::cmp::Reverse(u64::from(i % 7))), i);
         }
         let before = runs.state.lock().runs.len();
@@ -813,7 +878,7 @@ mod tests {
     fn tidying_stops_when_told_and_resumes_later() {
         let runs = SortedRuns::with_limits(4, 64);
         for i in 0..40 * 64u32 {
-            runs.insert(put_at(&i.to_be_bytes(), 1, i));
+            runs.insert(&put_at(&i.to_be_bytes(), 1, i));
         }
         let before = runs.runs();
         let asked = AtomicUsize::new(0);
@@ -864,7 +929,7 @@ mod tests {
         // Keys in reverse of insert order (each run spans what came
         // before it in key space), seqs in insert order.
         for seq in 0..N {
-            runs.insert(put_at(&(N - seq).to_be_bytes(), seq, 0));
+            runs.insert(&put_at(&(N - seq).to_be_bytes(), seq, 0));
             done.store(seq as usize + 1, AtomicOrdering::Release);
         }
         assert!(tidier.join().expect("tidier") > 0, "the tidier merged runs");
@@ -891,7 +956,7 @@ mod tests {
             let mut model = Model::new();
             let mut keys = vec![Vec::new()];
             for (i, (key, seq, offset)) in ops.iter().enumerate() {
-                runs.insert(put_at(key, *seq, *offset));
+                runs.insert(&put_at(key, *seq, *offset));
                 model.insert((key.clone(), std::cmp::Reverse(*seq)), *offset);
                 keys.push(key.clone());
                 if tidy_every > 0 && i % tidy_every == 0 {
@@ -905,9 +970,11 @@ mod tests {
             proptest::prop_assert_eq!(runs.inserted(), ops.len());
         }
 
-        /// The head shortcut orders entries exactly as `entry_order` does:
-        /// keys around the 32-byte head, prefixes of each other, with
-        /// zero bytes (which pad short heads) and equal heads.
+        /// The head shortcut orders entries exactly as `entry_order` does,
+        /// and an item's key (whole in its head, or kept when longer)
+        /// compares and reads back as the key: keys around the 32-byte
+        /// head, prefixes of each other, with zero bytes (which pad short
+        /// heads) and equal heads.
         #[test]
         fn key_order_is_entry_order(
             a in proptest::collection::vec(proptest::prop_oneof![Just(0u8), Just(1u8), Just(255u8)], 0..40),
@@ -919,9 +986,13 @@ mod tests {
             // b shares a prefix of a (often its whole head), then differs.
             let mut b = a[..cut.min(a.len())].to_vec();
             b.extend_from_slice(&b_tail);
-            let (ia, ib) = (Item::new(put_at(&a, sa, 0)), Item::new(put_at(&b, sb, 0)));
+            let (ia, ib) = (Item::new(&put_at(&a, sa, 0)), Item::new(&put_at(&b, sb, 0)));
             proptest::prop_assert_eq!(ia.cmp(&ib), entry_order(&a, sa, &b, sb));
             proptest::prop_assert_eq!(ib.cmp(&ia), entry_order(&b, sb, &a, sa));
+            // An item gives its key back whole, and knows it from others.
+            proptest::prop_assert_eq!(ia.key().to_vec(), a.clone());
+            proptest::prop_assert_eq!(ia.has_key(&head_of(&b), &b), a == b);
+            proptest::prop_assert!(ib.has_key(&head_of(&b), &b));
         }
     }
 
@@ -955,7 +1026,7 @@ mod tests {
             })
             .collect();
         for seq in 0..N {
-            runs.insert(put_at(&seq.to_be_bytes(), seq, 0));
+            runs.insert(&put_at(&seq.to_be_bytes(), seq, 0));
             done.store(seq as usize + 1, AtomicOrdering::Release);
         }
         for r in readers {

@@ -28,12 +28,12 @@ const KEY_CHUNK: usize = 64 << 10;
 /// Keys longer than this get an allocation of their own.
 const KEY_ALONE: usize = KEY_CHUNK / 16;
 
-/// Where a memtable keeps its keys: copied back to back into shared chunks,
-/// so that a key costs no allocation of its own and the sorted runs and the
-/// point index share it for the price of a reference count (a key copied
-/// into a `Bytes` of its own allocated twice: once for the copy, once more
-/// when it was first shared). A chunk is freed when the memtable and every
-/// entry handed out from it are gone.
+/// Where a memtable keeps its keys for the point index (and the sorted
+/// runs' keys longer than their items hold): copied back to back into
+/// shared chunks, so that a key costs no allocation of its own (a key
+/// copied into a `Bytes` of its own allocated twice: once for the copy,
+/// once more when it was first shared). A chunk is freed when the memtable
+/// and every entry handed out from it are gone.
 #[derive(Default)]
 struct KeyArena {
     chunk: Mutex<BytesMut>,
@@ -122,7 +122,7 @@ impl Memtable {
             tag,
         };
         let key_len = entry.key.len();
-        self.runs.insert(entry.clone());
+        self.runs.insert(&entry);
         let new_key = self.index.note(entry);
         let charge = key_len + ENTRY_OVERHEAD + if new_key { INDEX_OVERHEAD } else { 0 };
         self.bytes.fetch_add(charge, Ordering::Relaxed);
