@@ -243,21 +243,71 @@ fn wait_for_stop(set: &libc::sigset_t) {
     }
 }
 
+/// Whether a signal of `set` arrives within `limit`.
+fn stop_within(set: &libc::sigset_t, limit: Duration) -> bool {
+    let timeout = libc::timespec {
+        tv_sec: limit.as_secs() as libc::time_t,
+        tv_nsec: limit.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `set` and `timeout` are valid for the call; no siginfo is
+    // asked for.
+    unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &timeout) > 0 }
+}
+
+/// `umount2(dir, flags)`.
+fn umount(dir: &std::path::Path, flags: libc::c_int) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: `path` is a valid NUL-terminated string for the call.
+    if unsafe { libc::umount2(path.as_ptr(), flags) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// How long a busy mount is tried again after a stop signal before the
+/// user is asked to let go of it.
+const BUSY_FOR_AT_MOST: Duration = Duration::from_secs(3);
+
+/// Why a mount asked to stop is still there.
+enum Busy {
+    /// Another stop signal came while the unmount was tried again: the
+    /// user wants it detached now.
+    SignalledAgain,
+    /// The unmount failed this way (still busy, or another error).
+    Still(std::io::Error),
+}
+
+/// Unmounts `dir` once it is no longer busy, trying again for up to
+/// [`BUSY_FOR_AT_MOST`] after the first attempt failed with `first`: a
+/// file closed just before the signal can hold the mount for a moment
+/// after its `close` returned (seen under load, in CI). Another signal of
+/// `signals` meanwhile ends the wait.
+fn unmount_when_free(
+    dir: &std::path::Path,
+    first: std::io::Error,
+    signals: &libc::sigset_t,
+) -> Result<(), Busy> {
+    let deadline = std::time::Instant::now() + BUSY_FOR_AT_MOST;
+    let mut err = first;
+    while err.raw_os_error() == Some(libc::EBUSY) && std::time::Instant::now() < deadline {
+        if stop_within(signals, Duration::from_millis(50)) {
+            return Err(Busy::SignalledAgain);
+        }
+        match umount(dir, 0) {
+            Ok(()) => return Ok(()),
+            Err(e) => err = e,
+        }
+    }
+    Err(Busy::Still(err))
+}
+
 /// Detaches the mount at `dir` (`umount -l`): gone from the tree now, the
 /// FUSE session ends when its last user closes.
 fn detach(dir: &std::path::Path) {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return;
-    };
-    // SAFETY: `path` is a valid NUL-terminated string for the call.
-    let r = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-    if r != 0 {
-        eprintln!(
-            "lightstore mount: cannot detach {}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
+    if let Err(e) = umount(dir, libc::MNT_DETACH) {
+        eprintln!("lightstore mount: cannot detach {}: {e}", dir.display());
     }
 }
 
@@ -349,12 +399,21 @@ pub fn run_mount(args: MountArgs) -> Result<(), Box<dyn std::error::Error>> {
         wait_for_stop(&signals);
         asked.store(true, Ordering::SeqCst);
         eprintln!("lightstore mount: unmounting {}", mountpoint.display());
-        if let Err(e) = unmounter.unmount() {
-            // Busy (open files, a shell inside): a second signal detaches
-            // it; the mount ends when the last user lets go.
-            eprintln!("lightstore mount: cannot unmount: {e}; signal again to detach it lazily");
-            wait_for_stop(&signals);
-            detach(&mountpoint);
+        let Err(e) = unmounter.unmount() else {
+            return;
+        };
+        match unmount_when_free(&mountpoint, e, &signals) {
+            Ok(()) => {}
+            Err(Busy::SignalledAgain) => detach(&mountpoint),
+            Err(Busy::Still(e)) => {
+                // Open files, a shell inside: a second signal detaches it;
+                // the mount ends when the last user lets go.
+                eprintln!(
+                    "lightstore mount: cannot unmount: {e}; signal again to detach it lazily"
+                );
+                wait_for_stop(&signals);
+                detach(&mountpoint);
+            }
         }
     });
     if args.read_ahead > 0 {
