@@ -128,8 +128,8 @@ fn order(a: KeyAt, b: KeyAt) -> Ordering {
 /// `user1234…` keys) is held whole by the head, so copying an item in a
 /// merge is a plain copy. Items used to hold the key's `Bytes`, shared with
 /// the point index: every merge then added and dropped a reference, two
-/// atomic operations per version per merge, a twentieth of a node's CPU on
-/// a block volume's fill. Only longer keys keep their bytes, in `long`.
+/// atomic operations per version per merge (`bench/RESULTS.md`, session
+/// 46). Only longer keys keep their bytes, in `long`.
 #[derive(Clone, Debug)]
 struct Item {
     head: KeyHead,
@@ -668,9 +668,9 @@ impl Merged {
         let top = self.heap[0];
         self.pos[top] += 1;
         if let Some(next) = self.runs[top].get(self.pos[top]) {
-            // Its key bytes lie elsewhere, in insertion order: fetch them
-            // now, while the other runs' items come out, rather than when
-            // the consumer reads this key.
+            // A long key's bytes lie elsewhere, in insertion order: fetch
+            // them now, while the other runs' items come out, rather than
+            // when the consumer reads this key.
             if let Some(key) = &next.long {
                 prefetch(key.as_ptr());
             }
