@@ -249,7 +249,6 @@ pub enum Resp {
     Array(Vec<Resp>),
 }
 
-/// Encodes a request as a RESP array of bulk strings.
 /// Calls of `command` in an `INFO commandstats` text
 /// (`cmdstat_NAME:calls=N,...`), if it lists the command.
 pub fn command_calls(info: &str, command: &str) -> Option<u64> {
@@ -259,6 +258,7 @@ pub fn command_calls(info: &str, command: &str) -> Option<u64> {
         .and_then(|rest| rest.split(',').next()?.parse().ok())
 }
 
+/// Encodes a request as a RESP array of bulk strings.
 pub fn encode(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
