@@ -1,16 +1,19 @@
 //! One blocking RESP connection to a node, with a timeout on every call,
 //! over TCP (`host:port`) or a Unix socket (`unix:PATH`).
 
+use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use protocol::{decode_reply, encode_request, Reply, ReplyError, ReplyScan, RequestSink};
 
 use crate::error::{ClientError, Result};
+use crate::landing;
 use crate::shm;
 
 /// The Unix socket path of a `unix:PATH` node address.
@@ -189,10 +192,16 @@ pub struct Conn {
     /// The process's shared memory, when the node attached it: values
     /// lying there go by reference (see [`crate::shm`]).
     shared: Option<&'static shm::Arena>,
+    /// Whether the node can also write the arena: sized multi-gets then
+    /// land their values there (see [`crate::landing`]).
+    landing: bool,
     /// Blocks of it named by requests sent and not all answered yet.
     pins: Vec<shm::Pin>,
     /// Requests sent whose replies were not read yet.
     unanswered: usize,
+    /// Per request sent and not answered, in order: where its values land,
+    /// if they do.
+    landed: VecDeque<Option<Arc<landing::Landed>>>,
 }
 
 impl Drop for Conn {
@@ -296,8 +305,10 @@ impl Conn {
             run: 0,
             busy_limit: None,
             shared: None,
+            landing: false,
             pins: Vec::new(),
             unanswered: 0,
+            landed: VecDeque::new(),
         };
         if let Some(pw) = password {
             conn.call(&[&b"AUTH"[..], pw.as_bytes()])?;
@@ -309,16 +320,21 @@ impl Conn {
     /// go by reference. A node that cannot map it (an older node, another
     /// user's process) answers an error, and values keep going through
     /// the socket.
+    /// A node that can also write it (`+OK MGETSHM`) lands the values of
+    /// sized multi-gets there (see [`crate::landing`]).
     pub fn attach_shared(&mut self, arena: Option<&'static shm::Arena>) -> Result<()> {
         self.shared = None;
+        self.landing = false;
         let Some(arena) = arena else {
             return Ok(());
         };
         match self.call(&arena.attach_args())? {
             Reply::Error(e) => tracing::debug!(node = %self.node, "no shared memory: {e}"),
-            _ => {
+            reply => {
                 arena.note_attached();
                 self.shared = Some(arena);
+                self.landing =
+                    matches!(&reply, Reply::Status(s) if s == landing::ATTACHED_WRITABLE);
             }
         }
         Ok(())
@@ -422,12 +438,27 @@ impl Conn {
             .zip(reqs)
             .map(|(rw, r)| rw.as_ref().map(|rw| rw.args(r.as_ref())))
             .collect();
+        let landing_arena = self.shared.filter(|_| self.landing);
+        let sized: Vec<Option<landing::Rewritten>> = reqs
+            .iter()
+            .map(|r| landing::rewrite(landing_arena, r.as_ref(), &mut self.pins))
+            .collect();
+        let sized_args: Vec<Option<Vec<&[u8]>>> = sized
+            .iter()
+            .zip(reqs)
+            .map(|(rw, r)| rw.as_ref().map(|rw| rw.args(r.as_ref())))
+            .collect();
         for (i, r) in reqs.iter().enumerate() {
-            match shared_args.get(i) {
-                Some(Some(args)) => encode_request(args, &mut out),
+            match (sized_args.get(i), shared_args.get(i)) {
+                (Some(Some(args)), _) | (_, Some(Some(args))) => encode_request(args, &mut out),
                 _ => encode_request(r.as_ref(), &mut out),
             }
         }
+        self.landed.extend(
+            sized
+                .iter()
+                .map(|rw| rw.as_ref().and_then(|rw| rw.landed.clone())),
+        );
         self.unanswered += reqs.len();
         let mut slices = out.slices();
         if self.write_timeout != Some(self.timeout) {
@@ -453,10 +484,10 @@ impl Conn {
         let mut replies = Vec::with_capacity(n);
         while replies.len() < n {
             match self.read_reply(deadline) {
-                Ok(reply) => {
-                    replies.push(reply);
-                    self.answered();
-                }
+                Ok(reply) => match self.answered() {
+                    Some(range) => replies.push(range.values(reply)),
+                    None => replies.push(reply),
+                },
                 // What arrived so far stays pending: reading goes on.
                 Err(ClientError::Timeout { .. }) if self.node_busy_not_down(started) => {
                     let limit = self.busy_limit.unwrap_or(self.timeout);
@@ -475,13 +506,17 @@ impl Conn {
         Ok(replies)
     }
 
-    /// Counts one reply read; when none is outstanding, the node is done
-    /// with every block the requests named.
-    fn answered(&mut self) {
+    /// Counts one reply read, returning where its request's values landed
+    /// if they did; when none is outstanding, the node is done with every
+    /// block the requests named.
+    fn answered(&mut self) -> Option<Arc<landing::Landed>> {
         self.unanswered = self.unanswered.saturating_sub(1);
+        let landed = self.landed.pop_front().flatten();
         if self.unanswered == 0 {
             self.pins.clear();
         }
+        debug_assert_eq!(self.landed.len(), self.unanswered);
+        landed
     }
 
     /// Turns an error reply into [`ClientError::Server`].

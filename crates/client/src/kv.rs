@@ -174,6 +174,24 @@ impl Cluster {
             .map(|v| v.and_then(|b| Versioned::decode(b).value))
             .collect())
     }
+
+    /// [`Cluster::mget`] of values about `value_len` bytes long: a node on
+    /// this machine that can write the process's shared memory writes them
+    /// there instead of into its reply (see [`crate::landing`]), so they
+    /// cross no socket. Same answers as `mget`.
+    pub fn mget_sized<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        value_len: usize,
+    ) -> Result<Vec<Option<Bytes>>> {
+        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
+        let stored_len = value_len.saturating_add(protocol::versioned::HEADER_LEN);
+        Ok(self
+            .mget_stored_sized(&keys, Some(stored_len))?
+            .into_iter()
+            .map(|v| v.and_then(|b| Versioned::decode(b).value))
+            .collect())
+    }
 }
 
 /// One write's progress on one key.

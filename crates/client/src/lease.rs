@@ -433,6 +433,13 @@ mod tests {
         fn mget(&self, keys: &[&[u8]]) -> crate::Result<Vec<Option<bytes::Bytes>>> {
             self.inner.mget(keys)
         }
+        fn mget_sized(
+            &self,
+            keys: &[&[u8]],
+            value_len: usize,
+        ) -> crate::Result<Vec<Option<bytes::Bytes>>> {
+            self.inner.mget_sized(keys, value_len)
+        }
         fn exists(&self, keys: &[&[u8]]) -> crate::Result<Vec<bool>> {
             self.inner.exists(keys)
         }

@@ -19,6 +19,7 @@ mod conn;
 mod error;
 pub mod findings;
 mod kv;
+mod landing;
 pub mod lease;
 mod range;
 mod read;

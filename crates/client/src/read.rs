@@ -27,6 +27,7 @@ use protocol::Reply;
 
 use crate::cluster::{stored_requests, Cluster, Inner};
 use crate::error::{ClientError, Result};
+use crate::landing;
 
 /// What one replica answered for a key.
 #[derive(Clone, Debug, PartialEq)]
@@ -107,6 +108,19 @@ impl Cluster {
     /// replica has. Stale replicas among those that answered are repaired
     /// before this returns (best effort: a failed repair is logged).
     pub(crate) fn mget_stored(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        self.mget_stored_sized(keys, None)
+    }
+
+    /// [`Cluster::mget_stored`] of copies about `stored_len` bytes long
+    /// each, if given: a local node that can write this process's shared
+    /// memory lands them there (see [`crate::landing`]).
+    pub(crate) fn mget_stored_sized(
+        &self,
+        keys: &[&[u8]],
+        stored_len: Option<usize>,
+    ) -> Result<Vec<Option<Bytes>>> {
+        let sized = stored_len.map(|n| n.to_string().into_bytes());
+        let sized = sized.as_deref();
         let inner = &*self.inner;
         let mut reads: Vec<KeyRead> = keys
             .iter()
@@ -152,7 +166,7 @@ impl Cluster {
                 break;
             }
             pending.clear();
-            for (node, ask, result) in self.ask_all(keys, asks) {
+            for (node, ask, result) in self.ask_all(keys, asks, sized) {
                 match result {
                     Ok(answers) => {
                         for (k, a) in answers {
@@ -220,19 +234,31 @@ impl Cluster {
     /// Sends every node its asks (`MGET` and/or `VMETA`, pipelined), all
     /// before reading any reply, so the nodes work in parallel; per node,
     /// its answers as `(key index, answer)`. A node that refuses its
-    /// `MGET` reply as too large is asked again in parts.
-    fn ask_all(&self, keys: &[&[u8]], asks: BTreeMap<usize, NodeAsk>) -> NodeAnswers {
+    /// `MGET` reply as too large is asked again in parts. With `sized`
+    /// (the copies' length, in decimal), the copies are asked for with a
+    /// sized multi-get ([`crate::landing`]).
+    fn ask_all(
+        &self,
+        keys: &[&[u8]],
+        asks: BTreeMap<usize, NodeAsk>,
+        sized: Option<&[u8]>,
+    ) -> NodeAnswers {
         let jobs: Vec<(usize, Vec<Vec<&[u8]>>)> = asks
             .iter()
             .map(|(&node, ask)| {
                 let mut reqs = Vec::with_capacity(2);
-                for (cmd, idx) in [(&b"MGET"[..], &ask.copies), (b"VMETA", &ask.digests)] {
-                    if !idx.is_empty() {
-                        let mut req: Vec<&[u8]> = Vec::with_capacity(idx.len() + 1);
-                        req.push(cmd);
-                        req.extend(idx.iter().map(|&k| keys[k]));
-                        reqs.push(req);
-                    }
+                if !ask.copies.is_empty() {
+                    let ks: Vec<&[u8]> = ask.copies.iter().map(|&k| keys[k]).collect();
+                    reqs.push(match sized {
+                        Some(len) => landing::sized_mget(len, &ks),
+                        None => [&[&b"MGET"[..]][..], &ks].concat(),
+                    });
+                }
+                if !ask.digests.is_empty() {
+                    let mut req: Vec<&[u8]> = Vec::with_capacity(ask.digests.len() + 1);
+                    req.push(b"VMETA");
+                    req.extend(ask.digests.iter().map(|&k| keys[k]));
+                    reqs.push(req);
                 }
                 (node, reqs)
             })
@@ -367,7 +393,7 @@ impl Cluster {
         if asks.is_empty() {
             return Ok(());
         }
-        for (node, ask, result) in self.ask_all(keys, asks) {
+        for (node, ask, result) in self.ask_all(keys, asks, None) {
             match result {
                 Ok(answers) => {
                     for (k, a) in answers {
@@ -432,7 +458,7 @@ impl Cluster {
         // Per key, the newest digest any replica answered.
         let mut newest: Vec<Option<Digest>> = vec![None; keys.len()];
         let mut failed: Vec<usize> = Vec::new();
-        for (_, ask, result) in self.ask_all(keys, asks) {
+        for (_, ask, result) in self.ask_all(keys, asks, None) {
             match result {
                 Ok(answers) => {
                     for (k, a) in answers {

@@ -5,11 +5,12 @@
 //! payload) receives them into a [`Payload`], whose bytes lie in one
 //! memory file (`memfd`) per process, the [`Arena`]. A connection to a
 //! node over a Unix socket attaches the arena (`SHMATTACH`, answered by
-//! the node mapping the file read-only), and from then on a `VSET` whose
+//! the node mapping the file), and from then on a `VSET` whose
 //! values lie in the arena goes out as `VSETSHM`: each such value as a
 //! 16-byte reference (offset and length) instead of its bytes. The node
 //! copies the value once, from its mapping into its log; the socket
-//! copies (the client's send, the node's receive) are gone.
+//! copies (the client's send, the node's receive) are gone. Reads come
+//! back the other way through the same arena ([`crate::landing`]).
 //!
 //! Contract (what keeps the node from reading bytes the client reused):
 //! - The arena is `BLOCKS` blocks of `BLOCK` bytes after a header page
@@ -188,8 +189,9 @@ impl Arena {
     }
 
     /// Room for `cap` bytes in one block, or `None` when it is larger than
-    /// a block or no block is free.
-    fn reserve(&self, cap: usize) -> Option<(usize, usize)> {
+    /// a block or no block is free: the block (held once more until
+    /// [`Arena::release`]) and the room's offset in the arena.
+    pub(crate) fn reserve(&self, cap: usize) -> Option<(usize, usize)> {
         let cap = cap.checked_next_multiple_of(64)?;
         if cap > BLOCK || cap == 0 {
             return None;
@@ -233,7 +235,21 @@ impl Arena {
         Some(((HEADER + at) as u64, Pin { arena: self, block }))
     }
 
-    fn release(&self, block: usize) {
+    /// Pins `block`, which the caller holds (so it cannot be handed out
+    /// while this adds to its count).
+    pub(crate) fn pin_block(&'static self, block: usize) -> Pin {
+        self.refs[block].fetch_add(1, Ordering::AcqRel);
+        Pin { arena: self, block }
+    }
+
+    /// The start of the mapping.
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Lets go of one hold on `block` (a payload's, a pin's, a landed
+    /// range's).
+    pub(crate) fn release(&self, block: usize) {
         let before = self.refs[block].fetch_sub(1, Ordering::AcqRel);
         assert!(
             before > 0,

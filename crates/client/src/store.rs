@@ -43,6 +43,12 @@ pub struct Capacity {
 pub trait Store: Send + Sync {
     /// The values of `keys` (`None`: absent or deleted).
     fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>>;
+    /// [`Store::mget`] of values about `value_len` bytes long (a hint a
+    /// store may use to place them, see `Cluster::mget_sized`).
+    fn mget_sized(&self, keys: &[&[u8]], value_len: usize) -> Result<Vec<Option<Bytes>>> {
+        let _ = value_len;
+        self.mget(keys)
+    }
     /// Whether each key holds a value, without reading values.
     fn exists(&self, keys: &[&[u8]]) -> Result<Vec<bool>>;
     /// Stores and deletes, each atomic per key.
@@ -182,6 +188,9 @@ pub trait Store: Send + Sync {
 impl Store for Cluster {
     fn mget(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
         Cluster::mget(self, keys)
+    }
+    fn mget_sized(&self, keys: &[&[u8]], value_len: usize) -> Result<Vec<Option<Bytes>>> {
+        Cluster::mget_sized(self, keys, value_len)
     }
     fn exists(&self, keys: &[&[u8]]) -> Result<Vec<bool>> {
         Cluster::exists(self, keys)

@@ -174,7 +174,8 @@ impl FileSystem {
         let last = (end - 1) / self.chunk;
         let keys: Vec<Vec<u8>> = (first..=last).map(|c| self.keys.chunk(ino, c)).collect();
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        for (c, value) in (first..=last).zip(self.store.mget(&refs)?) {
+        let values = self.store.mget_sized(&refs, self.chunk as usize)?;
+        for (c, value) in (first..=last).zip(values) {
             let start = c * self.chunk;
             // The part of this chunk the read covers, chunk-relative.
             let lo = offset.max(start) - start;

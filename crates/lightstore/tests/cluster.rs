@@ -893,8 +893,9 @@ fn nodes_are_reached_over_unix_sockets() {
 /// A client's values held in its shared memory (`client::shm::Payload`,
 /// what the block adapter receives WRITE payloads into) reach a node over
 /// its Unix socket by reference (`SHMATTACH`, `VSETSHM`) and read back
-/// whole; over TCP they travel through the socket; a connection that did
-/// not attach memory gets a clear error for either command.
+/// whole, and sized multi-gets land values there (`MGETSHM`); over TCP
+/// they travel through the socket; a connection that did not attach
+/// memory gets a clear error for each command.
 #[test]
 fn local_nodes_take_values_from_shared_memory() {
     use client::shm::Payload;
@@ -938,6 +939,24 @@ fn local_nodes_take_values_from_shared_memory() {
     }
     let by_ref = node.calls_of("vsetshm");
     assert!(by_ref >= 33, "{by_ref} VSETSHM calls for 33 writes");
+    // Sized multi-gets land their values in the arena (`MGETSHM`); a
+    // missing key, a short value and values longer than the size hint
+    // come back as MGET's would.
+    local.put(b"short", b"tiny").expect("put");
+    let mut names: Vec<Vec<u8>> = (0..32).map(|i| format!("shm{i}").into_bytes()).collect();
+    names.push(b"missing".to_vec());
+    names.push(b"short".to_vec());
+    names.extend(keys.iter().cloned());
+    let refs: Vec<&[u8]> = names.iter().map(|k| &k[..]).collect();
+    for hint in [4096, 64 << 10] {
+        let got = local.mget_sized(&refs, hint).expect("sized mget");
+        assert_eq!(got, local.mget(&refs).expect("mget"), "hint {hint}");
+        assert_eq!(got[0].as_deref(), Some(&payloads[0][..]));
+        assert_eq!(got[32], None);
+        assert_eq!(got[33].as_deref(), Some(&b"tiny"[..]));
+    }
+    let landed = node.calls_of("mgetshm");
+    assert_eq!(landed, 2, "one MGETSHM per sized multi-get");
 
     // Over TCP the same values go through the socket.
     let mut cfg = ClusterConfig::new([format!("127.0.0.1:{}", node.port)]);
@@ -949,12 +968,20 @@ fn local_nodes_take_values_from_shared_memory() {
         Some(&payloads[1][..])
     );
     assert_eq!(node.calls_of("vsetshm"), by_ref, "no VSETSHM over TCP");
+    let got = remote.mget_sized(&refs, 4096).expect("sized mget over TCP");
+    assert_eq!(got, local.mget(&refs).expect("mget"));
+    assert_eq!(node.calls_of("mgetshm"), landed, "no MGETSHM over TCP");
 
     let mut conn = std::io::BufReader::new(node.connect());
     let token = "00".repeat(16);
     let reply = node_support::call(&mut conn, &[b"SHMATTACH", b"3", b"4120", token.as_bytes()]);
     assert!(format!("{reply:?}").contains("Unix socket"), "{reply:?}");
     let reply = node_support::call(&mut conn, &[b"VSETSHM", b"r", b"k", b"1", &[0u8; 16]]);
+    assert!(
+        format!("{reply:?}").contains("without SHMATTACH"),
+        "{reply:?}"
+    );
+    let reply = node_support::call(&mut conn, &[b"MGETSHM", b"4096", b"4096", b"k"]);
     assert!(
         format!("{reply:?}").contains("without SHMATTACH"),
         "{reply:?}"

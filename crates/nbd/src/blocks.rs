@@ -201,7 +201,7 @@ impl Blocks {
         chunks.dedup();
         let keys: Vec<Vec<u8>> = chunks.iter().map(|&c| chunk_key(self.vol.id, c)).collect();
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        let values = self.store.mget(&refs)?;
+        let values = self.store.mget_sized(&refs, self.chunk_size())?;
         let mut out = Vec::with_capacity(ranges.len());
         for ps in &pieces {
             let mut parts = Vec::with_capacity(ps.len());

@@ -29,6 +29,7 @@ pub enum Cmd {
     Vdel,
     Vbatch,
     Vsetshm,
+    Mgetshm,
     Shmattach,
     Vcas,
     Vmeta,
@@ -67,6 +68,7 @@ pub const COMMANDS: &[(Cmd, &str, i32)] = &[
     (Cmd::Vdel, "vdel", -3),
     (Cmd::Vbatch, "vbatch", -5),
     (Cmd::Vsetshm, "vsetshm", -5),
+    (Cmd::Mgetshm, "mgetshm", -4),
     (Cmd::Shmattach, "shmattach", 4),
     (Cmd::Vcas, "vcas", -5),
     (Cmd::Vmeta, "vmeta", -2),
@@ -237,6 +239,7 @@ impl Cmd {
                 | Cmd::Vdel
                 | Cmd::Vbatch
                 | Cmd::Vsetshm
+                | Cmd::Mgetshm
                 | Cmd::Vcas
                 | Cmd::Vmeta
                 | Cmd::Fsync

@@ -68,8 +68,9 @@ type Answered = (Vec<(Reply, CallTime)>, Duration, Vec<(Cmd, Vec<Bytes>)>);
 enum Slot {
     /// Answered already.
     Ready(Reply, RespVersion),
-    /// The next engine result, encoded in this version.
-    Engine(RespVersion),
+    /// The next engine result, encoded in this version (an `MGETSHM`'s
+    /// values landed in the client's memory first).
+    Engine(RespVersion, Option<crate::shm::Landing>),
 }
 
 /// What the connection does after a batch.
@@ -326,20 +327,30 @@ async fn run_batch<S: AsyncWrite + Unpin>(
             engine: false,
         };
         // A VSET whose values lie in the client's shared memory runs as
-        // that VSET (counted as VSETSHM).
-        let (known, args) = match known {
+        // that VSET (counted as VSETSHM); an MGET whose values land there
+        // as that MGET (counted as MGETSHM).
+        let mut landing = None;
+        let resolved = match known {
             Some((Cmd::Vsetshm, _, _)) if session.authed => {
-                match crate::shm::resolve(session.shared.as_ref(), args) {
-                    Ok(vset) => (Cmd::lookup(b"vset"), vset),
-                    Err(reply) => {
-                        timing.local = t.elapsed();
-                        timings.push(timing);
-                        slots.push(Slot::Ready(reply, session.resp));
-                        continue;
-                    }
-                }
+                crate::shm::resolve(session.shared.as_ref(), args)
+                    .map(|vset| (Cmd::lookup(b"vset"), vset))
             }
-            _ => (known, args),
+            Some((Cmd::Mgetshm, _, _)) if session.authed => {
+                crate::shm::landing(session.shared.as_ref(), args).map(|(to, mget)| {
+                    landing = Some(to);
+                    (Cmd::lookup(b"mget"), mget)
+                })
+            }
+            _ => Ok((known, args)),
+        };
+        let (known, args) = match resolved {
+            Ok(resolved) => resolved,
+            Err(reply) => {
+                timing.local = t.elapsed();
+                timings.push(timing);
+                slots.push(Slot::Ready(reply, session.resp));
+                continue;
+            }
         };
         let Some(name) = args.first() else {
             continue;
@@ -357,7 +368,7 @@ async fn run_batch<S: AsyncWrite + Unpin>(
                 errors::reserved_key()
             }
             Some((cmd, _, _)) if cmd.uses_engine() => {
-                slots.push(Slot::Engine(session.resp));
+                slots.push(Slot::Engine(session.resp, landing));
                 jobs.push((cmd, args));
                 timing.engine = true;
                 timings.push(timing);
@@ -405,13 +416,16 @@ async fn run_batch<S: AsyncWrite + Unpin>(
         while let Some(slot) = slots.pop_front() {
             match slot {
                 Slot::Ready(r, v) => r.encode(v, out),
-                Slot::Engine(v) => match results.next() {
-                    Some(r) => r.encode(v, out),
+                Slot::Engine(v, landing) => match results.next() {
+                    Some(r) => match &landing {
+                        Some(to) => to.land(r).encode(v, out),
+                        None => r.encode(v, out),
+                    },
                     None if rest.is_empty() => {
                         Reply::err("internal error: missing reply").encode(v, out)
                     }
                     None => {
-                        slots.push_front(Slot::Engine(v));
+                        slots.push_front(Slot::Engine(v, landing));
                         break;
                     }
                 },

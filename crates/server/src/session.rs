@@ -110,8 +110,13 @@ pub fn run_local(state: &NodeState, s: &mut Session, cmd: Cmd, args: &[Bytes]) -
         Cmd::Client => client(s, args),
         Cmd::Shmattach => match crate::shm::attach(s.peer_pid, args) {
             Ok(map) => {
+                let reply = if map.writable() {
+                    Reply::Simple(crate::shm::ATTACHED_WRITABLE)
+                } else {
+                    Reply::ok()
+                };
                 s.shared = Some(map);
-                Reply::ok()
+                reply
             }
             Err(r) => r,
         },

@@ -6,7 +6,8 @@
 //! socket's credentials, never from the client) through `/proc`, checks
 //! that it is a memory file of `size` bytes sealed against shrinking (so
 //! the mapping can never lose pages under the node: no SIGBUS), maps it
-//! read-only and checks that its header holds `LSSHM1` and `token` (hex),
+//! (read-write if it can open it so, else read-only) and checks that its
+//! header holds `LSSHM1` and `token` (hex),
 //! which only the process that made it knows. The mapping belongs to the
 //! connection: it is dropped with it (and unmapped when the last value
 //! sliced from it is gone).
@@ -20,6 +21,23 @@
 //! changing the memory meanwhile can only spoil its own write. The reply
 //! (VSET's) is sent after the copy, so a client may reuse the memory once
 //! it has read the reply.
+//!
+//! `MGETSHM offset capacity key [key ...]` is an `MGET` whose values land
+//! in the client's memory instead of the reply: the node writes each value
+//! of at least [`MIN_LANDED`] bytes into `offset..offset + capacity`, one
+//! after another at 64-byte aligned positions while they fit, and answers
+//! that value with its length (an integer); shorter values, values that no
+//! longer fit and missing keys are answered as `MGET` would (bulk string,
+//! null). The client finds value `i` where the lengths before it put it.
+//! The node writes there only before it replies, and never into the
+//! header page. A node that could map the memory only read-only (a file
+//! not opened for writing) answers `SHMATTACH` with `+OK` and refuses
+//! `MGETSHM`; one that can write it answers `+OK MGETSHM`.
+//!
+//! The client's memory is treated as volatile on both paths: the node
+//! copies out of it and checksums its own copy (`VSETSHM`), or copies into
+//! it and reads nothing back (`MGETSHM`), so a client writing the same
+//! bytes meanwhile spoils only its own request.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -35,15 +53,27 @@ const TOKEN_LEN: usize = 16;
 const REF_LEN: usize = 16;
 /// The largest shared memory a connection may attach.
 const MAX_SIZE: usize = 1 << 32;
+/// The client's header page: never written by `MGETSHM`.
+const HEADER_PAGE: usize = 4096;
+/// Values at least this long land in the client's memory (`MGETSHM`);
+/// shorter ones cost less in the reply.
+pub const MIN_LANDED: usize = 1024;
+/// Landed values start at multiples of this.
+pub const LANDED_ALIGN: usize = 64;
+/// What a node that can write the client's memory answers `SHMATTACH`.
+pub const ATTACHED_WRITABLE: &str = "OK MGETSHM";
 
-/// A client's shared memory, mapped read-only.
+/// A client's shared memory, mapped (read-write when the node could open
+/// it for writing).
 pub struct Mapping {
-    base: *const u8,
+    base: *mut u8,
     len: usize,
+    writable: bool,
 }
 
-// SAFETY: a read-only mapping owned by this value, unmapped only when it
-// is dropped (after every slice of it, which hold an `Arc`).
+// SAFETY: a mapping owned by this value, unmapped only when it is dropped
+// (after every slice of it, which hold an `Arc`). The node writes it only
+// through `Landing::land`, into ranges the client handed over.
 unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
@@ -61,6 +91,11 @@ impl std::fmt::Debug for Mapping {
 }
 
 impl Mapping {
+    /// Whether `MGETSHM` may write into it.
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
     /// Bytes `off..off + len`, if they lie in the mapping.
     fn slice(self: &Arc<Self>, off: u64, len: u64) -> Option<Bytes> {
         let off = usize::try_from(off).ok()?;
@@ -115,8 +150,19 @@ pub fn attach(peer: Option<u32>, args: &[Bytes]) -> Result<Arc<Mapping>, Reply> 
     let Some(token) = from_hex(token) else {
         return Err(err("SHMATTACH token must be 32 hex digits"));
     };
-    let file = std::fs::File::open(format!("/proc/{pid}/fd/{fd}"))
-        .map_err(|e| err(format!("cannot open the client's memory: {e}")))?;
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let (file, writable) = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    {
+        Ok(f) => (f, true),
+        Err(_) => (
+            std::fs::File::open(&path)
+                .map_err(|e| err(format!("cannot open the client's memory: {e}")))?,
+            false,
+        ),
+    };
     let len = file
         .metadata()
         .map_err(|e| err(format!("cannot stat the client's memory: {e}")))?
@@ -133,13 +179,18 @@ pub fn attach(peer: Option<u32>, args: &[Bytes]) -> Result<Arc<Mapping>, Reply> 
             "the client's memory is not a memory file sealed against shrinking",
         ));
     }
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
     // SAFETY: mapping `size` bytes of a file that is that long and cannot
-    // shrink, read-only; the result is checked.
+    // shrink, as it was opened; the result is checked.
     let base = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             size,
-            libc::PROT_READ,
+            prot,
             libc::MAP_SHARED,
             file.as_raw_fd(),
             0,
@@ -152,6 +203,7 @@ pub fn attach(peer: Option<u32>, args: &[Bytes]) -> Result<Arc<Mapping>, Reply> 
     let map = Arc::new(Mapping {
         base: base.cast::<u8>(),
         len: size,
+        writable,
     });
     let header = map.slice(0, (MAGIC.len() + TOKEN_LEN) as u64);
     let ok = header.is_some_and(|h| h[..MAGIC.len()] == MAGIC[..] && h[MAGIC.len()..] == token);
@@ -205,6 +257,89 @@ pub fn resolve(map: Option<&Arc<Mapping>>, args: Vec<Bytes>) -> Result<Vec<Bytes
         out.push(value);
     }
     Ok(out)
+}
+
+/// Where an `MGETSHM`'s values land: a range of the client's memory.
+#[derive(Debug)]
+pub struct Landing {
+    map: Arc<Mapping>,
+    offset: usize,
+    capacity: usize,
+}
+
+/// The `MGET` an `MGETSHM` stands for, and where its values land.
+pub fn landing(
+    map: Option<&Arc<Mapping>>,
+    args: Vec<Bytes>,
+) -> Result<(Landing, Vec<Bytes>), Reply> {
+    let Some(map) = map else {
+        return Err(err("MGETSHM without SHMATTACH on this connection"));
+    };
+    if !map.writable {
+        return Err(err("MGETSHM: this node cannot write the client's memory"));
+    }
+    let [_, offset, capacity, keys @ ..] = &args[..] else {
+        return Err(err("wrong number of arguments for 'mgetshm' command"));
+    };
+    if keys.is_empty() {
+        return Err(err("wrong number of arguments for 'mgetshm' command"));
+    }
+    let number = |b: &Bytes| {
+        let n = std::str::from_utf8(b).ok()?.parse::<u64>().ok()?;
+        usize::try_from(n).ok()
+    };
+    let (Some(offset), Some(capacity)) = (number(offset), number(capacity)) else {
+        return Err(err("MGETSHM offset and capacity must be unsigned integers"));
+    };
+    let inside =
+        offset >= HEADER_PAGE && offset.checked_add(capacity).is_some_and(|e| e <= map.len);
+    if !inside {
+        return Err(err("MGETSHM range outside the attached memory"));
+    }
+    let mut mget = Vec::with_capacity(keys.len() + 1);
+    mget.push(Bytes::from_static(b"MGET"));
+    mget.extend(keys.iter().cloned());
+    let landing = Landing {
+        map: map.clone(),
+        offset,
+        capacity,
+    };
+    Ok((landing, mget))
+}
+
+impl Landing {
+    /// The `MGETSHM` reply for the `MGET` reply `reply`: values of at least
+    /// [`MIN_LANDED`] bytes written into the landing range in order, at
+    /// [`LANDED_ALIGN`]-aligned positions while they fit, each answered with
+    /// its length; everything else as it was (errors too).
+    pub fn land(&self, reply: Reply) -> Reply {
+        let Reply::Array(items) = reply else {
+            return reply;
+        };
+        let mut used = 0usize;
+        let items = items
+            .into_iter()
+            .map(|item| match item {
+                Reply::Bulk(v) if v.len() >= MIN_LANDED && used + v.len() <= self.capacity => {
+                    // SAFETY: `offset + used + len <= offset + capacity <=
+                    // map.len` (checked here and in `landing`), a range of a
+                    // writable mapping that lives as long as `self.map`; the
+                    // client handed it over until this reply.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            v.as_ptr(),
+                            self.map.base.add(self.offset + used),
+                            v.len(),
+                        );
+                    }
+                    used = (used + v.len()).next_multiple_of(LANDED_ALIGN);
+                    Reply::Integer(v.len() as i64)
+                }
+                other => other,
+            })
+            .collect();
+        Reply::Array(items)
+    }
 }
 
 #[cfg(test)]
@@ -311,5 +446,80 @@ mod tests {
         bad[4] = Bytes::from_static(b"short");
         assert!(resolve(Some(&map), bad).is_err(), "reference length");
         assert!(resolve(None, args).is_err(), "not attached");
+    }
+
+    #[test]
+    fn landing_writes_values_into_the_clients_memory_and_checks_ranges() {
+        let me = Some(std::process::id());
+        let token = [9u8; 16];
+        let size = 3 * HEADER_PAGE;
+        let f = memfd(&token, &vec![0u8; size - 24], true);
+        let map = attach(me, &attach_args(&f, size as u64, &token)).expect("attached");
+        assert!(map.writable(), "the memfd opens for writing");
+        let args = |off: usize, cap: usize, keys: &[&[u8]]| {
+            let mut a = vec![
+                Bytes::from_static(b"MGETSHM"),
+                Bytes::from(off.to_string()),
+                Bytes::from(cap.to_string()),
+            ];
+            a.extend(keys.iter().map(|k| Bytes::copy_from_slice(k)));
+            a
+        };
+        let (to, mget) =
+            landing(Some(&map), args(HEADER_PAGE, 3000, &[b"a", b"b"])).expect("landing");
+        assert_eq!(mget, [&b"MGET"[..], b"a", b"b"]);
+        let big = |b: u8, n: usize| Bytes::from(vec![b; n]);
+        let reply = Reply::Array(vec![
+            Reply::Bulk(big(1, 1500)),
+            Reply::Null,
+            Reply::Bulk(Bytes::from_static(b"short")),
+            Reply::Bulk(big(2, 1100)),
+            Reply::Bulk(big(3, 1100)), // no longer fits: 1536 + 1100 + 1100 > 3000
+        ]);
+        let landed = to.land(reply);
+        assert_eq!(
+            landed,
+            Reply::Array(vec![
+                Reply::Integer(1500),
+                Reply::Null,
+                Reply::Bulk(Bytes::from_static(b"short")),
+                Reply::Integer(1100),
+                Reply::Bulk(big(3, 1100)),
+            ])
+        );
+        let mut back = vec![0u8; 3000];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut back, HEADER_PAGE as u64).unwrap();
+        assert!(back[..1500].iter().all(|&b| b == 1));
+        assert!(
+            back[1536..1536 + 1100].iter().all(|&b| b == 2),
+            "64-byte aligned"
+        );
+        assert!(back[1500..1536].iter().all(|&b| b == 0));
+        // Errors pass through untouched.
+        let e = Reply::Error("ERR reply too large".into());
+        assert_eq!(to.land(e.clone()), e);
+
+        let refused = |r: Result<(Landing, Vec<Bytes>), Reply>, what: &str| match r {
+            Err(Reply::Error(e)) => assert!(e.contains(what), "{e} lacks {what}"),
+            _ => panic!("expected an error with {what}"),
+        };
+        refused(landing(Some(&map), args(0, 100, &[b"a"])), "outside");
+        refused(
+            landing(Some(&map), args(HEADER_PAGE - 1, 100, &[b"a"])),
+            "outside",
+        );
+        refused(
+            landing(Some(&map), args(2 * HEADER_PAGE, HEADER_PAGE + 1, &[b"a"])),
+            "outside",
+        );
+        refused(
+            landing(Some(&map), args(HEADER_PAGE, usize::MAX, &[b"a"])),
+            "outside",
+        );
+        refused(landing(Some(&map), args(HEADER_PAGE, 10, &[])), "arguments");
+        let mut bad = args(HEADER_PAGE, 10, &[b"a"]);
+        bad[1] = Bytes::from_static(b"-1");
+        refused(landing(Some(&map), bad), "unsigned");
+        refused(landing(None, args(HEADER_PAGE, 10, &[b"a"])), "SHMATTACH");
     }
 }
