@@ -5,8 +5,9 @@
 //! adapter: a chunk) asks for them with [`sized_mget`]'s request. On a
 //! connection whose node can write the arena (it answered `SHMATTACH` with
 //! `+OK MGETSHM`), the connection reserves a range of the arena for them
-//! and sends `MGETSHM offset capacity key ...`; the node copies each long
-//! value into the range, in order, and answers it with its length. The
+//! and sends `MGETSHM offset capacity key ...`; the node puts each long
+//! value into the range, in order (read there straight from its device,
+//! or copied), and answers it with its length. The
 //! connection turns that reply back into `MGET`'s (the values as `Bytes`
 //! that borrow the arena), so callers see an `MGET` reply either way. On
 //! any other connection the request goes out as a plain `MGET`.
@@ -35,8 +36,10 @@ use crate::shm::{Arena, Pin};
 pub(crate) const SIZED_MGET: &[u8] = b"MGET~SIZED";
 /// Values at least this long are landed by a node (its `MIN_LANDED`).
 const MIN_LANDED: usize = 1024;
-/// Landed values start at multiples of this (the node's `LANDED_ALIGN`).
-const LANDED_ALIGN: usize = 64;
+/// Each landed value takes its length rounded up to this, from a multiple
+/// of it (the node's `LANDED_ALIGN`: the device's direct-read granularity,
+/// so the node can read a value from its device straight into its place).
+const LANDED_ALIGN: usize = 512;
 /// What a node that can write the arena answers `SHMATTACH`.
 pub(crate) const ATTACHED_WRITABLE: &str = "OK MGETSHM";
 
@@ -234,7 +237,7 @@ mod tests {
         assert_eq!(head[0], b"MGETSHM");
         assert_eq!(&head[3..], &req[2..]);
         let (offset, capacity) = (arg(&head, 1), arg(&head, 2));
-        assert_eq!(capacity, 4 * 4160);
+        assert_eq!(capacity, 4 * 4608);
         assert_eq!(pins.len(), 1);
         let values = [
             Some(vec![1u8; 4106]),

@@ -44,6 +44,9 @@ pub const BLOCK: usize = 4 << 20;
 const BLOCKS: usize = 16;
 /// The header page before the blocks: [`MAGIC`] and the token.
 const HEADER: usize = 4096;
+/// Room in a block is handed out in multiples of this, so every payload
+/// and landing range starts aligned for a node's direct reads into it.
+const GRANULE: usize = 512;
 /// The header's first bytes.
 pub const MAGIC: &[u8; 8] = b"LSSHM1\0\0";
 /// Bytes of a value's reference in a `VSETSHM` (offset and length, both
@@ -192,7 +195,7 @@ impl Arena {
     /// a block or no block is free: the block (held once more until
     /// [`Arena::release`]) and the room's offset in the arena.
     pub(crate) fn reserve(&self, cap: usize) -> Option<(usize, usize)> {
-        let cap = cap.checked_next_multiple_of(64)?;
+        let cap = cap.checked_next_multiple_of(GRANULE)?;
         if cap > BLOCK || cap == 0 {
             return None;
         }

@@ -37,6 +37,19 @@ pub enum GetStart {
 #[derive(Debug)]
 pub struct PendingGet(PendingValue);
 
+impl PendingGet {
+    /// The value's length.
+    pub fn value_len(&self) -> usize {
+        self.0.value_len()
+    }
+
+    /// Whether the value is the read's first bytes (so a read landing at a
+    /// place leaves the value exactly there).
+    pub fn value_starts_the_read(&self) -> bool {
+        self.0.skip() == 0
+    }
+}
+
 impl Db {
     /// Starts a GET of the current value of `key` that never waits for the
     /// device (only, briefly, for the log's lock when the value is recent).

@@ -222,6 +222,18 @@ pub struct PendingValue {
     len: usize,
 }
 
+impl PendingValue {
+    /// The value's length.
+    pub fn value_len(&self) -> usize {
+        self.len
+    }
+
+    /// Bytes of the read before the value.
+    pub fn skip(&self) -> usize {
+        self.skip
+    }
+}
+
 /// Largest record the log accepts (must fit in one segment with its framing
 /// and alignment pad).
 pub fn max_record_len(seg_bytes: u64, page: usize) -> usize {

@@ -38,7 +38,7 @@ pub use latency::{
     HistogramSnapshot, BUCKETS,
 };
 pub use nand::{LossMode, NandConfig, NandDevice};
-pub use readqueue::{read_now, DirectRead, ReadQueue, MAX_MERGED_READ, MAX_READ_GAP};
+pub use readqueue::{read_now, DirectRead, LandingSpace, ReadQueue, MAX_MERGED_READ, MAX_READ_GAP};
 pub use stats::{DeviceCounters, FlashStats};
 pub use store::{FlashStore, FormatOptions, Geometry, SegmentInfo, SegmentState};
 pub use uring::{io_uring_available, io_uring_for_tests};

@@ -38,6 +38,50 @@ pub const MAX_MERGED_READ: u64 = 256 * 1024;
 /// cheaper than a second device read.
 pub const MAX_READ_GAP: u64 = 4096;
 
+/// Memory outside this process's heap that a read may land in instead of
+/// a buffer of its own: a client's shared memory that the node maps (the
+/// node's `MGETSHM`), so the value reaches the client with no copy.
+///
+/// # Safety
+/// An implementor guarantees that `as_mut_ptr()..as_mut_ptr() + len()`
+/// stays mapped and writable for as long as it lives. Its bytes are
+/// volatile: another process may write them at any time, so whatever is
+/// read from them is checked (the value checksum) and never trusted
+/// beyond that.
+pub unsafe trait LandingSpace: Send + Sync + 'static {
+    /// The start of the memory.
+    fn as_mut_ptr(&self) -> *mut u8;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Whether it is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where in a [`LandingSpace`] a read lands.
+#[derive(Clone)]
+struct Landing {
+    space: Arc<dyn LandingSpace>,
+    at: usize,
+}
+
+/// Bytes a read left in a [`LandingSpace`], as the owner of a `Bytes`.
+struct Landed {
+    space: Arc<dyn LandingSpace>,
+    at: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Landed {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `at + len <= space.len()` (checked in `land_in`, and
+        // `len` is at most the read's length); the space stays mapped while
+        // `space` lives (the trait's contract).
+        unsafe { std::slice::from_raw_parts(self.space.as_mut_ptr().add(self.at), self.len) }
+    }
+}
+
 /// A device read ready to be issued on a [`ReadQueue`].
 pub struct DirectRead {
     /// Keeps the device, and so `fd`, open while the read is in flight.
@@ -54,6 +98,9 @@ pub struct DirectRead {
     /// Where a [`ReadQueue`] records how long the read took, queued to
     /// reaped ([`DirectRead::timed_into`]).
     latency: Option<Arc<DeviceLatency>>,
+    /// Where it lands instead of a buffer of its own
+    /// ([`DirectRead::land_in`]).
+    landing: Option<Landing>,
 }
 
 impl DirectRead {
@@ -67,7 +114,31 @@ impl DirectRead {
             len,
             buf: None,
             latency: None,
+            landing: None,
         }
+    }
+
+    /// Has the read land in `space` at byte `at` instead of a buffer of
+    /// its own (on a [`ReadQueue`]; other ways of reading ignore it).
+    /// `false`, and nothing changed, when it would not fit there or the
+    /// place is not aligned for direct I/O.
+    pub fn land_in(&mut self, space: Arc<dyn LandingSpace>, at: usize) -> bool {
+        let fits = at
+            .checked_add(self.len)
+            .is_some_and(|end| end <= space.len());
+        let aligned = (space.as_mut_ptr() as usize)
+            .wrapping_add(at)
+            .is_multiple_of(crate::READ_ALIGN);
+        if !(fits && aligned) {
+            return false;
+        }
+        self.landing = Some(Landing { space, at });
+        true
+    }
+
+    /// Whether it lands in a [`LandingSpace`].
+    pub fn lands(&self) -> bool {
+        self.landing.is_some()
     }
 
     /// Has a [`ReadQueue`] record this read's latency, from when it is
@@ -193,8 +264,9 @@ impl std::fmt::Debug for DirectRead {
 struct InFlight<T> {
     read: DirectRead,
     tag: T,
-    /// Where the kernel writes what it reads.
-    dest: UninitBuf,
+    /// Where the kernel writes what it reads (`None`: the read's landing
+    /// space).
+    dest: Option<UninitBuf>,
     /// When it was queued.
     queued: Instant,
 }
@@ -289,17 +361,27 @@ impl<T> ReadQueue<T> {
             }
         };
         let mut entry = InFlight {
-            dest: UninitBuf::new(read.len),
+            dest: match &read.landing {
+                Some(_) => None,
+                None => Some(UninitBuf::new(read.len)),
+            },
             read,
             tag,
             queued: Instant::now(),
         };
-        let sqe = opcode::Read::new(types::Fd(entry.read.fd), entry.dest.as_mut_ptr(), len)
+        let into = match (&mut entry.dest, &entry.read.landing) {
+            (Some(buf), _) => buf.as_mut_ptr(),
+            // SAFETY: `at + len <= space.len()` (`DirectRead::land_in`).
+            (None, Some(l)) => unsafe { l.space.as_mut_ptr().add(l.at) },
+            (None, None) => unreachable!("a read without a buffer lands"),
+        };
+        let sqe = opcode::Read::new(types::Fd(entry.read.fd), into, len)
             .offset(entry.read.offset)
             .build()
             .user_data(slot as u64);
         // SAFETY: the buffer (`dest`, a heap allocation that moving `entry`
-        // does not move) lives in `self.slots[slot]` until the completion
+        // does not move, or the landing space, which the read's `Arc`
+        // keeps mapped) lives in `self.slots[slot]` until the completion
         // for `slot` is reaped, and `Drop` waits for every read in flight.
         let queued = unsafe { self.ring.submission().push(&sqe) }.is_ok();
         if !queued {
@@ -367,10 +449,18 @@ impl<T> ReadQueue<T> {
             };
             self.free.push(slot);
             let read = usize::try_from(res);
-            // SAFETY: the kernel reported that many bytes read into the
-            // front of `dest` (none on an error), and is done with it.
-            let filled = unsafe { entry.dest.assume_init_prefix(read.unwrap_or(0)) };
-            entry.read.buf = Some(Bytes::from_owner(filled));
+            let got = read.unwrap_or(0).min(entry.read.len);
+            entry.read.buf = Some(match (entry.dest.take(), &entry.read.landing) {
+                // SAFETY: the kernel reported that many bytes read into the
+                // front of `dest` (none on an error), and is done with it.
+                (Some(dest), _) => Bytes::from_owner(unsafe { dest.assume_init_prefix(got) }),
+                (None, Some(l)) => Bytes::from_owner(Landed {
+                    space: Arc::clone(&l.space),
+                    at: l.at,
+                    len: got,
+                }),
+                (None, None) => Bytes::new(),
+            });
             if let Some(latency) = &entry.read.latency {
                 latency.record(DeviceOp::Read, entry.queued.elapsed());
             }
@@ -522,6 +612,73 @@ mod tests {
         q.submit(cover, 4).unwrap();
         wait_reap(&mut q, 1).pop().expect("one read").2.unwrap();
         assert_eq!(reads(&store), before + 4);
+    }
+
+    /// Memory a test hands reads to land in.
+    struct Space(AlignedBuf);
+
+    // SAFETY: the buffer lives as long as the value and is only written
+    // by the kernel's reads into it.
+    unsafe impl LandingSpace for Space {
+        fn as_mut_ptr(&self) -> *mut u8 {
+            self.0.as_ptr().cast_mut()
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+    }
+
+    /// A read told to land in a space puts its bytes there (no buffer of
+    /// its own), a covering read too; a place that would not fit or is not
+    /// aligned for direct I/O is refused.
+    #[test]
+    fn reads_land_in_the_space_they_are_given() {
+        if !crate::io_uring_for_tests() {
+            return; // nothing to test where io_uring is off
+        }
+        let (_dir, store, seg) = file_store();
+        let read = |page: u64, pages: usize| {
+            store
+                .direct_read(seg, page * u64::from(PS), pages * PS as usize)
+                .unwrap()
+                .expect("a file device reads directly")
+        };
+        let space = Arc::new(Space(AlignedBuf::new_zeroed(8 * PS as usize)));
+        let dyn_space = || Arc::clone(&space) as Arc<dyn LandingSpace>;
+        let mut one = read(7, 1);
+        assert!(
+            !one.land_in(dyn_space(), 7 * PS as usize + 512),
+            "past the end"
+        );
+        assert!(!one.land_in(dyn_space(), 100), "not aligned");
+        assert!(!one.lands());
+        assert!(one.land_in(dyn_space(), 512));
+        let parts = [read(2, 1), read(3, 2)];
+        let refs: Vec<&DirectRead> = parts.iter().collect();
+        let mut cover = DirectRead::covering(&refs).expect("one device");
+        assert!(cover.land_in(dyn_space(), 4 * PS as usize));
+        let mut q: ReadQueue<u8> = ReadQueue::new(2).unwrap();
+        q.submit(one, 1).unwrap();
+        q.submit(cover, 2).unwrap();
+        let mut done = wait_reap(&mut q, 2);
+        done.sort_by_key(|d| d.0);
+        let landed = |at: usize, len: usize| space.0[at..at + len].to_vec();
+        assert_eq!(landed(512, PS as usize), vec![7u8; PS as usize]);
+        let want: Vec<u8> = [2u8, 3, 4]
+            .iter()
+            .flat_map(|&p| vec![p; PS as usize])
+            .collect();
+        assert_eq!(landed(4 * PS as usize, 3 * PS as usize), want);
+        for (tag, read, outcome) in done {
+            outcome.unwrap();
+            let bytes = read.into_bytes();
+            let at = if tag == 1 { 512 } else { 4 * PS as usize };
+            assert_eq!(
+                bytes.as_ptr(),
+                space.0[at..].as_ptr(),
+                "a view of the space"
+            );
+        }
     }
 
     /// Reads of neighbouring and overlapping extents served by one read

@@ -475,9 +475,10 @@ fn convert_onto_and_compare(image: &str, uri: &str) {
 
 /// Over a node's Unix socket the adapter hands WRITE payloads to the node
 /// in shared memory (`VSETSHM`, see `client::shm`) and the node lands READ
-/// data there (`MGETSHM`, `client::landing`): fio's verified writes and
-/// qemu-img's copy of a random image read back exactly, and the node
-/// counted the writes that went by reference and the reads that landed.
+/// data there (`MGETSHM`, `client::landing`), read from its device straight
+/// into place: fio's verified writes and qemu-img's copy of a random image
+/// read back exactly, and the node counted the writes that went by
+/// reference and the reads that landed.
 #[test]
 fn a_node_on_its_unix_socket_takes_payloads_from_shared_memory() {
     if !have_tools(&["fio", "qemu-img"]) {
@@ -509,6 +510,14 @@ fn a_node_on_its_unix_socket_takes_payloads_from_shared_memory() {
     assert!(calls.is_some_and(|n| n > 0), "no VSETSHM in:\n{info}");
     let calls = node_support::command_calls(&info, "mgetshm");
     assert!(calls.is_some_and(|n| n > 0), "no MGETSHM in:\n{info}");
+    // Most of what was read came from the device straight into the
+    // adapter's memory.
+    let stats = node.cli(&["info", "stats"]);
+    let landed = node_support::info_number(&stats, "landed_reads");
+    assert!(
+        landed.is_some_and(|n| n > 0),
+        "no landed reads in:\n{stats}"
+    );
 }
 
 /// SIGTERM drains and flushes: the server exits 0, and what it

@@ -401,7 +401,16 @@ async fn run_batch<S: AsyncWrite + Unpin>(
         let (results, waited, rest) = if jobs.is_empty() {
             (Vec::new(), Duration::ZERO, Vec::new())
         } else {
-            match run_on_executor(state, exec, std::mem::take(&mut jobs)).await {
+            // A lone MGET of an `MGETSHM` may read its values straight
+            // into the client's memory.
+            let landing = match &jobs[..] {
+                [_] => slots.iter().find_map(|slot| match slot {
+                    Slot::Engine(_, landing) => landing.as_ref(),
+                    Slot::Ready(..) => None,
+                }),
+                _ => None,
+            };
+            match run_on_executor(state, exec, std::mem::take(&mut jobs), landing).await {
                 Some(r) => r,
                 None => {
                     Reply::err("internal error: request failed").encode(session.resp, out);
@@ -527,6 +536,7 @@ async fn run_on_executor(
     state: &Arc<NodeState>,
     exec: &Pools,
     jobs: Vec<(Cmd, Vec<Bytes>)>,
+    landing: Option<&crate::shm::Landing>,
 ) -> Option<Answered> {
     let all_gets = jobs.iter().all(|(cmd, _)| *cmd == Cmd::Get);
     let all_sets = jobs
@@ -542,7 +552,7 @@ async fn run_on_executor(
     if let ([(Cmd::Mget, args)], Some(reads)) = (&jobs[..], &state.net_reads) {
         if args.len() - 1 <= MAX_NET_MGET_KEYS {
             let keys: Vec<&[u8]> = args[1..].iter().map(|k| &k[..]).collect();
-            if let Some(answer) = reads.mget(state, &keys, state.max_reply()).await {
+            if let Some(answer) = reads.mget(state, &keys, state.max_reply(), landing).await {
                 crate::data::note_multi_get(state, &keys);
                 return Some((vec![answer], Duration::ZERO, Vec::new()));
             }

@@ -117,6 +117,7 @@ fn render(state: &NodeState, section: &str, out: &mut String) {
             line("net_gets", &get(&c.net_gets));
             line("net_vmetas", &get(&c.net_vmetas));
             line("net_ranges", &get(&c.net_ranges));
+            line("landed_reads", &get(&c.landed_reads));
             for ((_, name, _), calls) in COMMANDS.iter().zip(&c.calls) {
                 let n = get(calls);
                 if n > 0 {

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::flash::{DirectRead, ReadQueue, MAX_MERGED_READ, MAX_READ_GAP};
+use engine::flash::{DirectRead, LandingSpace, ReadQueue, MAX_MERGED_READ, MAX_READ_GAP};
 use engine::{GetStart, PendingGet};
 use parking_lot::Mutex;
 use protocol::Reply;
@@ -26,6 +26,7 @@ use tokio::io::Interest;
 use tokio::sync::{oneshot, Notify};
 
 use crate::data::CallTime;
+use crate::shm::{Landing, Placer};
 use crate::state::NodeState;
 
 /// Reads the network thread keeps in flight at most; GETs beyond go to
@@ -108,7 +109,7 @@ impl NetReads {
         }
         let clock = Instant::now();
         let starts: Vec<Option<GetStart>> = keys.iter().map(|k| state.db.try_get(k).ok()).collect();
-        self.finish(state, starts, clock).await
+        self.finish(state, starts, None, clock).await
     }
 
     /// Answers `MGET keys` on this thread: the value (or nil) of every key,
@@ -117,11 +118,17 @@ impl NetReads {
     /// read without waiting, a read failed, the queue is out of service,
     /// or the values may add up to more than `max_bytes` (the executor then
     /// gives the exact answer or the error).
+    ///
+    /// With `landing` (an `MGETSHM`), values read from the device that
+    /// the log holds aligned are read straight into their places in the
+    /// client's memory and answered with their lengths, as
+    /// [`Landing::land`] places them; it copies the rest.
     pub async fn mget(
         &self,
         state: &NodeState,
         keys: &[&[u8]],
         max_bytes: usize,
+        landing: Option<&Landing>,
     ) -> Option<(Reply, CallTime)> {
         if self.disabled.load(Ordering::Relaxed) {
             return None;
@@ -140,8 +147,9 @@ impl NetReads {
         if bytes > max_bytes {
             return None;
         }
+        let places = landing.map(|to| (to.space(), places_of(to, &starts)));
         let answers = self
-            .finish(state, starts.into_iter().map(Some).collect(), clock)
+            .finish(state, starts.into_iter().map(Some).collect(), places, clock)
             .await;
         let mut items = Vec::with_capacity(answers.len());
         let mut time = CallTime::default();
@@ -157,13 +165,21 @@ impl NetReads {
     /// Completes started GETs: answers those done, queues the device reads
     /// (neighbouring extents as one read, all with one submission) and
     /// waits for them. `None` for a GET that could not start or whose read
-    /// failed.
+    /// failed. With `places`, a value whose place in that memory is given
+    /// is read straight into it (where its read allows) and answered with
+    /// its length.
     async fn finish(
         &self,
         state: &NodeState,
         starts: Vec<Option<GetStart>>,
+        places: Option<Places>,
         clock: Instant,
     ) -> Vec<Option<(Reply, CallTime)>> {
+        let place = |i: usize| {
+            places
+                .as_ref()
+                .and_then(|(_, p)| p.get(i).copied().flatten())
+        };
         let mut out: Vec<Option<(Reply, CallTime)>> = (0..starts.len()).map(|_| None).collect();
         let mut reads: Vec<Member> = Vec::new();
         for (i, start) in starts.into_iter().enumerate() {
@@ -181,7 +197,10 @@ impl NetReads {
             for mut group in neighbours(reads) {
                 let (tx, rx) = oneshot::channel();
                 if group.len() == 1 {
-                    if let Some((i, pending, read)) = group.pop() {
+                    if let Some((i, pending, mut read)) = group.pop() {
+                        if let (Some((space, _)), Some(at)) = (&places, place(i)) {
+                            read.land_in(Arc::clone(space), at);
+                        }
                         if queue.push(read, tx).is_ok() {
                             waits.push(Wait::One(i, pending, rx));
                         }
@@ -189,7 +208,10 @@ impl NetReads {
                     continue;
                 }
                 let parts: Vec<&DirectRead> = group.iter().map(|(_, _, r)| r).collect();
-                if let Some(cover) = DirectRead::covering(&parts) {
+                if let Some(mut cover) = DirectRead::covering(&parts) {
+                    if let (Some((space, _)), Some(at)) = (&places, lands_together(&group, place)) {
+                        cover.land_in(Arc::clone(space), at);
+                    }
                     if queue.push(cover, tx).is_ok() {
                         waits.push(Wait::Group(group, rx));
                     }
@@ -200,14 +222,35 @@ impl NetReads {
         if !waits.is_empty() {
             self.queued.notify_one();
         }
+        // A value read into its place is answered with its length; one
+        // that came to be elsewhere (it cannot, but its bytes would be the
+        // client's memory) with a copy of it.
+        let space_at = |at: usize| {
+            places
+                .as_ref()
+                .map(|(space, _)| space.as_mut_ptr().wrapping_add(at).cast_const())
+        };
+        let mut landed = 0u64;
+        let mut answer = |i: usize, landed_read: bool, value: bytes::Bytes| {
+            let reply = match place(i) {
+                Some(at) if landed_read && space_at(at) == Some(value.as_ptr()) => {
+                    landed += 1;
+                    Reply::Integer(value.len() as i64)
+                }
+                _ if landed_read => Reply::Bulk(bytes::Bytes::copy_from_slice(&value)),
+                _ => Reply::Bulk(value),
+            };
+            out[i] = Some((reply, CallTime::default()));
+        };
         for wait in waits {
             match wait {
                 Wait::One(i, pending, rx) => {
                     let Ok((read, outcome)) = rx.await else {
                         continue;
                     };
+                    let lands = read.lands();
                     if let Some(value) = state.db.finish_get(pending, read, outcome) {
-                        out[i] = Some((Reply::Bulk(value), CallTime::default()));
+                        answer(i, lands, value);
                     }
                 }
                 Wait::Group(group, rx) => {
@@ -216,14 +259,21 @@ impl NetReads {
                     let Ok((cover, Ok(()))) = rx.await else {
                         continue;
                     };
+                    let lands = cover.lands();
                     for (i, pending, mut part) in group {
                         part.fill_from(&cover);
                         if let Some(value) = state.db.finish_get(pending, part, Ok(())) {
-                            out[i] = Some((Reply::Bulk(value), CallTime::default()));
+                            answer(i, lands, value);
                         }
                     }
                 }
             }
+        }
+        if landed > 0 {
+            state
+                .counters
+                .landed_reads
+                .fetch_add(landed, Ordering::Relaxed);
         }
         let served = out.iter().filter(|r| r.is_some()).count();
         if served > 0 {
@@ -244,6 +294,10 @@ impl NetReads {
     }
 }
 
+/// A client's memory and where in it each GET's value goes, if it lands
+/// there (see [`NetReads::mget`]).
+type Places = (Arc<dyn LandingSpace>, Vec<Option<usize>>);
+
 /// A GET waiting for its device read: its index in the request, the
 /// engine's half of it, the read.
 type Member = (usize, PendingGet, DirectRead);
@@ -254,6 +308,45 @@ enum Wait {
     One(usize, PendingGet, oneshot::Receiver<Finished>),
     /// A read covering several GETs' values (see [`neighbours`]).
     Group(Vec<Member>, oneshot::Receiver<Finished>),
+}
+
+/// Where each of an `MGETSHM`'s values lands in the client's memory, by
+/// key: as [`Landing::land`] places them (every value in order, by length);
+/// `None` for a value that does not land, or that is not read from the
+/// device as its read's first bytes (so it could not be read into its
+/// place: it is copied there later).
+fn places_of(to: &Landing, starts: &[GetStart]) -> Vec<Option<usize>> {
+    let mut placer = Placer::default();
+    starts
+        .iter()
+        .map(|s| match s {
+            GetStart::Done(v) => {
+                v.as_ref().and_then(|v| placer.place(to, v.len()));
+                None
+            }
+            GetStart::Read(pending, _) => placer
+                .place(to, pending.value_len())
+                .filter(|_| pending.value_starts_the_read()),
+            GetStart::Blocking => None,
+        })
+        .collect()
+}
+
+/// Where a read covering `group` lands so that each member's value is in
+/// its place: the first member's place, if every member has one and they
+/// lie as far apart in the client's memory as on the device.
+fn lands_together(group: &[Member], place: impl Fn(usize) -> Option<usize>) -> Option<usize> {
+    let (first, _, first_read) = group.first()?;
+    let at = place(*first)?;
+    group
+        .iter()
+        .all(|(i, _, read)| {
+            place(*i).is_some_and(|p| {
+                p.checked_sub(at).map(|d| d as u64)
+                    == read.offset().checked_sub(first_read.offset())
+            })
+        })
+        .then_some(at)
 }
 
 /// `reads` in groups of neighbours on one device, each group to be served

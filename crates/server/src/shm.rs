@@ -25,10 +25,13 @@
 //! `MGETSHM offset capacity key [key ...]` is an `MGET` whose values land
 //! in the client's memory instead of the reply: the node writes each value
 //! of at least [`MIN_LANDED`] bytes into `offset..offset + capacity`, one
-//! after another at 64-byte aligned positions while they fit, and answers
-//! that value with its length (an integer); shorter values, values that no
-//! longer fit and missing keys are answered as `MGET` would (bulk string,
-//! null). The client finds value `i` where the lengths before it put it.
+//! after another, each taking its length rounded up to [`LANDED_ALIGN`],
+//! while they fit, and answers that value with its length (an integer);
+//! shorter values, values that no longer fit and missing keys are answered
+//! as `MGET` would (bulk string, null). The client finds value `i` where
+//! the lengths before it put it. Values the network thread reads from the
+//! device land there straight from the device (see `netread`); the rest
+//! are copied.
 //! The node writes there only before it replies, and never into the
 //! header page. A node that could map the memory only read-only (a file
 //! not opened for writing) answers `SHMATTACH` with `+OK` and refuses
@@ -58,8 +61,10 @@ const HEADER_PAGE: usize = 4096;
 /// Values at least this long land in the client's memory (`MGETSHM`);
 /// shorter ones cost less in the reply.
 pub const MIN_LANDED: usize = 1024;
-/// Landed values start at multiples of this.
-pub const LANDED_ALIGN: usize = 64;
+/// Landed values start at multiples of this, and each takes its length
+/// rounded up to it: the device's direct-read granularity, so a value the
+/// log holds aligned is read from the device straight into its place.
+pub const LANDED_ALIGN: usize = engine::flash::READ_ALIGN;
 /// What a node that can write the client's memory answers `SHMATTACH`.
 pub const ATTACHED_WRITABLE: &str = "OK MGETSHM";
 
@@ -307,38 +312,90 @@ pub fn landing(
     Ok((landing, mget))
 }
 
+/// Where the values of one `MGETSHM` go, in order (see the module docs).
+#[derive(Default)]
+pub struct Placer {
+    used: usize,
+}
+
+impl Placer {
+    /// The offset in the client's memory where the next value, of `len`
+    /// bytes, lands in `to`; `None` when it does not (short, or no room
+    /// left). Called for every value of the reply in order, whatever its
+    /// length, it places each one as the client expects.
+    pub fn place(&mut self, to: &Landing, len: usize) -> Option<usize> {
+        if len < MIN_LANDED {
+            return None;
+        }
+        let room = len.checked_next_multiple_of(LANDED_ALIGN)?;
+        if self.used.checked_add(room)? > to.capacity {
+            return None;
+        }
+        let at = to.offset + self.used;
+        self.used += room;
+        Some(at)
+    }
+}
+
 impl Landing {
+    /// The client's memory, for reads to land in directly.
+    pub fn space(&self) -> Arc<dyn engine::flash::LandingSpace> {
+        self.map.clone()
+    }
+
     /// The `MGETSHM` reply for the `MGET` reply `reply`: values of at least
-    /// [`MIN_LANDED`] bytes written into the landing range in order, at
-    /// [`LANDED_ALIGN`]-aligned positions while they fit, each answered with
-    /// its length; everything else as it was (errors too).
+    /// [`MIN_LANDED`] bytes written into the landing range in order (see
+    /// [`Placer`]), each answered with its length; everything else as it
+    /// was (errors too). An integer in `reply` is a value already read
+    /// into its place (`netread`): it keeps its place.
     pub fn land(&self, reply: Reply) -> Reply {
         let Reply::Array(items) = reply else {
             return reply;
         };
-        let mut used = 0usize;
+        let mut placer = Placer::default();
         let items = items
             .into_iter()
             .map(|item| match item {
-                Reply::Bulk(v) if v.len() >= MIN_LANDED && used + v.len() <= self.capacity => {
-                    // SAFETY: `offset + used + len <= offset + capacity <=
-                    // map.len` (checked here and in `landing`), a range of a
-                    // writable mapping that lives as long as `self.map`; the
-                    // client handed it over until this reply.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            v.as_ptr(),
-                            self.map.base.add(self.offset + used),
-                            v.len(),
-                        );
-                    }
-                    used = (used + v.len()).next_multiple_of(LANDED_ALIGN);
-                    Reply::Integer(v.len() as i64)
+                Reply::Integer(n) => {
+                    let placed = usize::try_from(n)
+                        .ok()
+                        .and_then(|len| placer.place(self, len));
+                    debug_assert!(placed.is_some(), "a value landed where it does not fit");
+                    Reply::Integer(n)
                 }
+                Reply::Bulk(v) => match placer.place(self, v.len()) {
+                    Some(at) => {
+                        // SAFETY: `at + len <= offset + capacity <= map.len`
+                        // (`Placer::place`, `landing`): a range of a
+                        // writable mapping that lives as long as `self.map`,
+                        // which the client handed over until this reply.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                v.as_ptr(),
+                                self.map.base.add(at),
+                                v.len(),
+                            );
+                        }
+                        Reply::Integer(v.len() as i64)
+                    }
+                    None => Reply::Bulk(v),
+                },
                 other => other,
             })
             .collect();
         Reply::Array(items)
+    }
+}
+
+// SAFETY: the mapping stays mapped while the value lives (`Drop` unmaps
+// it); reads land in it only when it is writable (`Landing` is made only
+// then), and nothing in the node trusts its bytes beyond their checksums.
+unsafe impl engine::flash::LandingSpace for Mapping {
+    fn as_mut_ptr(&self) -> *mut u8 {
+        self.base
+    }
+    fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -466,7 +523,7 @@ mod tests {
             a
         };
         let (to, mget) =
-            landing(Some(&map), args(HEADER_PAGE, 3000, &[b"a", b"b"])).expect("landing");
+            landing(Some(&map), args(HEADER_PAGE, 3100, &[b"a", b"b"])).expect("landing");
         assert_eq!(mget, [&b"MGET"[..], b"a", b"b"]);
         let big = |b: u8, n: usize| Bytes::from(vec![b; n]);
         let reply = Reply::Array(vec![
@@ -474,7 +531,7 @@ mod tests {
             Reply::Null,
             Reply::Bulk(Bytes::from_static(b"short")),
             Reply::Bulk(big(2, 1100)),
-            Reply::Bulk(big(3, 1100)), // no longer fits: 1536 + 1100 + 1100 > 3000
+            Reply::Bulk(big(3, 1100)), // no longer fits: 3072 + 1536 > 3100
         ]);
         let landed = to.land(reply);
         assert_eq!(

@@ -36,6 +36,9 @@ pub struct Counters {
     pub net_vmetas: AtomicU64,
     /// `RANGE ... DIGESTS` listings answered on the network thread.
     pub net_ranges: AtomicU64,
+    /// Values read from the device straight into a client's shared memory
+    /// (`MGETSHM`, no copy by the node).
+    pub landed_reads: AtomicU64,
     /// Calls per entry of [`COMMANDS`].
     pub calls: Vec<AtomicU64>,
 }
@@ -53,6 +56,7 @@ impl Counters {
             net_gets: AtomicU64::new(0),
             net_vmetas: AtomicU64::new(0),
             net_ranges: AtomicU64::new(0),
+            landed_reads: AtomicU64::new(0),
             calls: COMMANDS.iter().map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -75,6 +79,7 @@ impl Counters {
             &self.net_gets,
             &self.net_vmetas,
             &self.net_ranges,
+            &self.landed_reads,
         ]
         .into_iter()
         .chain(&self.calls)

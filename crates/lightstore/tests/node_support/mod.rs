@@ -258,6 +258,14 @@ pub fn command_calls(info: &str, command: &str) -> Option<u64> {
         .and_then(|rest| rest.split(',').next()?.parse().ok())
 }
 
+/// The number after `field:` in an `INFO` text, if it has that line.
+pub fn info_number(info: &str, field: &str) -> Option<u64> {
+    let prefix = format!("{field}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Encodes a request as a RESP array of bulk strings.
 pub fn encode(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
