@@ -2,15 +2,15 @@
 //! instead of its reply (`MGETSHM`; the read side of [`crate::shm`]).
 //!
 //! A caller that knows about how long the values it reads are (the block
-//! adapter: a chunk) asks for them with [`sized_mget`]'s request. On a
-//! connection whose node can write the arena (it answered `SHMATTACH` with
-//! `+OK MGETSHM`), the connection reserves a range of the arena for them
-//! and sends `MGETSHM offset capacity key ...`; the node puts each long
-//! value into the range, in order (read there straight from its device,
-//! or copied), and answers it with its length. The
-//! connection turns that reply back into `MGET`'s (the values as `Bytes`
-//! that borrow the arena), so callers see an `MGET` reply either way. On
-//! any other connection the request goes out as a plain `MGET`.
+//! adapter: a chunk) asks for them with [`sized_mget`]'s request. When
+//! they come to at least [`MIN_LANDING`] bytes, on a connection whose node
+//! can write the arena (it answered `SHMATTACH` with `+OK MGETSHM`), the
+//! connection reserves a range of the arena for them and sends `MGETSHM
+//! offset capacity key ...`; the node puts each long value into the range,
+//! in order (read there straight from its device, or copied), and answers
+//! it with its length. The connection turns that reply back into `MGET`'s
+//! (the values as `Bytes` that borrow the arena), so callers see an `MGET`
+//! reply either way. Otherwise the request goes out as a plain `MGET`.
 //!
 //! Contract (on top of [`crate::shm`]'s):
 //! - A [`Landed`] range is written by the node only until it replies; its
@@ -40,6 +40,10 @@ const MIN_LANDED: usize = 1024;
 /// of it (the node's `LANDED_ALIGN`: the device's direct-read granularity,
 /// so the node can read a value from its device straight into its place).
 const LANDED_ALIGN: usize = 512;
+/// A multi-get lands its values only when they are expected to take at
+/// least this much: random 8 KiB block reads (two 4 KiB chunks) ran about
+/// a tenth slower landed than copied (session 47 in `bench/RESULTS.md`).
+const MIN_LANDING: usize = 64 << 10;
 /// What a node that can write the arena answers `SHMATTACH`.
 pub(crate) const ATTACHED_WRITABLE: &str = "OK MGETSHM";
 
@@ -127,6 +131,7 @@ pub(crate) fn rewrite<A: AsRef<[u8]>>(
         .map(|n| n.next_multiple_of(LANDED_ALIGN));
     let landed = per_value
         .and_then(|v| v.checked_mul(keys))
+        .filter(|&capacity| capacity >= MIN_LANDING)
         .zip(arena)
         .and_then(|(capacity, arena)| {
             let (block, start) = arena.reserve(capacity)?;
@@ -231,20 +236,22 @@ mod tests {
     fn landed_values_come_back_as_an_mget_reply() {
         let a = arena(2);
         let mut pins = Vec::new();
-        let req = sized_mget(b"4106", &[b"a", b"b", b"c", b"d"]);
+        let keys: Vec<&[u8]> = vec![&b"k"[..]; 16];
+        let req = sized_mget(b"4106", &keys);
         let rw = rewrite(Some(a), &req, &mut pins).expect("a sized MGET");
         let (head, range) = (rw.args(&req), rw.landed.clone().expect("room in the arena"));
         assert_eq!(head[0], b"MGETSHM");
         assert_eq!(&head[3..], &req[2..]);
         let (offset, capacity) = (arg(&head, 1), arg(&head, 2));
-        assert_eq!(capacity, 4 * 4608);
+        assert_eq!(capacity, 16 * 4608);
         assert_eq!(pins.len(), 1);
-        let values = [
+        let mut values = vec![
             Some(vec![1u8; 4106]),
             None,
             Some(b"tiny".to_vec()),
             Some(vec![4u8; 4000]),
         ];
+        values.extend((0..12).map(|i| Some(vec![i as u8; 4106])));
         let reply = range.values(node_lands(a, offset, capacity, &values));
         let Reply::Array(items) = reply else {
             panic!("an array")
@@ -263,12 +270,12 @@ mod tests {
     fn the_block_is_reused_only_after_the_reply_and_the_values() {
         let a = arena(1);
         let mut pins = Vec::new();
-        let req = sized_mget(b"4096", &[b"a"]);
+        let req = sized_mget(b"65536", &[b"a"]);
         let rw = rewrite(Some(a), &req, &mut pins).expect("sized");
         let (offset, capacity) = (arg(&rw.args(&req), 1), arg(&rw.args(&req), 2));
         let range = rw.landed.clone().expect("room");
         drop(rw);
-        let reply = node_lands(a, offset, capacity, &[Some(vec![5u8; 4096])]);
+        let reply = node_lands(a, offset, capacity, &[Some(vec![5u8; 65536])]);
         let Reply::Array(mut items) = range.values(reply) else {
             panic!()
         };
@@ -304,10 +311,13 @@ mod tests {
         let rw = rewrite(Some(a), &req, &mut pins).expect("sized");
         assert_eq!(rw.args(&req)[0], b"MGET");
         assert!(rw.landed.is_none());
-        // Short values are not worth landing.
+        // Short values are not worth landing, nor a few (8 KiB) in all.
         let req = sized_mget(b"100", &[b"a"]);
         let rw = rewrite(Some(a), &req, &mut pins).expect("sized");
         assert_eq!(rw.args(&req), [&b"MGET"[..], b"a"]);
+        let req = sized_mget(b"4096", &[b"a", b"b"]);
+        let rw = rewrite(Some(a), &req, &mut pins).expect("sized");
+        assert_eq!(rw.args(&req), [&b"MGET"[..], b"a", b"b"]);
         assert!(rewrite(Some(a), &[&b"MGET"[..], b"a"], &mut pins).is_none());
     }
 
@@ -315,12 +325,12 @@ mod tests {
     fn a_reply_naming_bytes_past_the_range_is_an_error() {
         let a = arena(1);
         let mut pins = Vec::new();
-        let req = sized_mget(b"4096", &[b"a"]);
+        let req = sized_mget(b"65536", &[b"a"]);
         let range = rewrite(Some(a), &req, &mut pins)
             .expect("sized")
             .landed
             .expect("room");
-        let bad = Reply::Array(vec![Reply::Integer(4097)]);
+        let bad = Reply::Array(vec![Reply::Integer(65537)]);
         assert!(matches!(range.values(bad), Reply::Error(_)));
         let bad = Reply::Array(vec![Reply::Integer(-1)]);
         assert!(matches!(range.values(bad), Reply::Error(_)));
