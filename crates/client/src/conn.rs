@@ -319,9 +319,8 @@ impl Conn {
     /// Offers `arena` to the node (`SHMATTACH`); values lying in it then
     /// go by reference. A node that cannot map it (an older node, another
     /// user's process) answers an error, and values keep going through
-    /// the socket.
-    /// A node that can also write it (`+OK MGETSHM`) lands the values of
-    /// sized multi-gets there (see [`crate::landing`]).
+    /// the socket. A node that can also write it (`+OK MGETSHM`) lands
+    /// the values of sized multi-gets there (see [`crate::landing`]).
     pub fn attach_shared(&mut self, arena: Option<&'static shm::Arena>) -> Result<()> {
         self.shared = None;
         self.landing = false;
