@@ -552,6 +552,14 @@ mod tests {
         (dir, store, seg)
     }
 
+    /// A direct read of `pages` pages of `seg` from page `page` on.
+    fn pages_read(store: &FlashStore, seg: u32, page: u64, pages: usize) -> DirectRead {
+        store
+            .direct_read(seg, page * u64::from(PS), pages * PS as usize)
+            .unwrap()
+            .expect("a file device reads directly")
+    }
+
     /// A formatted store on the emulated NAND (no descriptor to read
     /// directly) and a segment allocated in it.
     fn nand_store() -> (FlashStore, u32) {
@@ -637,12 +645,7 @@ mod tests {
             return; // nothing to test where io_uring is off
         }
         let (_dir, store, seg) = file_store();
-        let read = |page: u64, pages: usize| {
-            store
-                .direct_read(seg, page * u64::from(PS), pages * PS as usize)
-                .unwrap()
-                .expect("a file device reads directly")
-        };
+        let read = |page: u64, pages: usize| pages_read(&store, seg, page, pages);
         let space = Arc::new(Space(AlignedBuf::new_zeroed(8 * PS as usize)));
         let dyn_space = || Arc::clone(&space) as Arc<dyn LandingSpace>;
         let mut one = read(7, 1);
@@ -689,12 +692,7 @@ mod tests {
             return; // nothing to test where io_uring is off
         }
         let (_dir, store, seg) = file_store();
-        let read = |page: u64, pages: usize| {
-            store
-                .direct_read(seg, page * u64::from(PS), pages * PS as usize)
-                .unwrap()
-                .expect("a file device reads directly")
-        };
+        let read = |page: u64, pages: usize| pages_read(&store, seg, page, pages);
         let mut parts = [read(5, 1), read(2, 2), read(3, 2), read(9, 1)];
         let refs: Vec<&DirectRead> = parts.iter().collect();
         let cover = DirectRead::covering(&refs).expect("one device");
