@@ -31,16 +31,16 @@
 //! as `MGET` would (bulk string, null). The client finds value `i` where
 //! the lengths before it put it. Values the network thread reads from the
 //! device land there straight from the device (see `netread`); the rest
-//! are copied.
-//! The node writes there only before it replies, and never into the
+//! are copied. The node writes there only before it replies, and never into the
 //! header page. A node that could map the memory only read-only (a file
 //! not opened for writing) answers `SHMATTACH` with `+OK` and refuses
 //! `MGETSHM`; one that can write it answers `+OK MGETSHM`.
 //!
 //! The client's memory is treated as volatile on both paths: the node
-//! copies out of it and checksums its own copy (`VSETSHM`), or copies into
-//! it and reads nothing back (`MGETSHM`), so a client writing the same
-//! bytes meanwhile spoils only its own request.
+//! copies out of it and checksums its own copy (`VSETSHM`), or puts values
+//! into it and reads back only what it checks against the values'
+//! checksums (`MGETSHM`), so a client writing the same bytes meanwhile
+//! spoils only its own request.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -77,8 +77,9 @@ pub struct Mapping {
 }
 
 // SAFETY: a mapping owned by this value, unmapped only when it is dropped
-// (after every slice of it, which hold an `Arc`). The node writes it only
-// through `Landing::land`, into ranges the client handed over.
+// (after every slice of it, and every read landing in it, which hold an
+// `Arc`). The node writes it only for an `MGETSHM` (`Landing::land`, and
+// device reads `netread` lands there), into ranges the client handed over.
 unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
