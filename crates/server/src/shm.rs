@@ -31,10 +31,10 @@
 //! as `MGET` would (bulk string, null). The client finds value `i` where
 //! the lengths before it put it. Values the network thread reads from the
 //! device land there straight from the device (see `netread`); the rest
-//! are copied. The node writes there only before it replies, and never into the
-//! header page. A node that could map the memory only read-only (a file
-//! not opened for writing) answers `SHMATTACH` with `+OK` and refuses
-//! `MGETSHM`; one that can write it answers `+OK MGETSHM`.
+//! are copied. The node writes there only before it replies, and never
+//! into the header page. A node that could map the memory only read-only
+//! (a file not opened for writing) answers `SHMATTACH` with `+OK` and
+//! refuses `MGETSHM`; one that can write it answers `+OK MGETSHM`.
 //!
 //! The client's memory is treated as volatile on both paths: the node
 //! copies out of it and checksums its own copy (`VSETSHM`), or puts values
