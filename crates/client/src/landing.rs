@@ -120,7 +120,9 @@ pub(crate) fn rewrite<A: AsRef<[u8]>>(
     req: &[A],
     pins: &mut Vec<Pin>,
 ) -> Option<Rewritten> {
-    if req.first().map(|a| a.as_ref()) != Some(SIZED_MGET) || req.len() < 3 {
+    // Even one without keys goes out as an `MGET` (whose error names it):
+    // the pseudo-command itself never reaches a node.
+    if req.first().map(|a| a.as_ref()) != Some(SIZED_MGET) || req.len() < 2 {
         return None;
     }
     let keys = req.len() - 2;
@@ -319,6 +321,9 @@ mod tests {
         let rw = rewrite(Some(a), &req, &mut pins).expect("sized");
         assert_eq!(rw.args(&req), [&b"MGET"[..], b"a", b"b"]);
         assert!(rewrite(Some(a), &[&b"MGET"[..], b"a"], &mut pins).is_none());
+        let req = sized_mget(b"4096", &[]);
+        let rw = rewrite(Some(a), &req, &mut pins).expect("sized");
+        assert_eq!(rw.args(&req), [&b"MGET"[..]]);
     }
 
     #[test]
