@@ -320,7 +320,7 @@ impl Conn {
     /// go by reference. A node that cannot map it (an older node, another
     /// user's process) answers an error, and values keep going through
     /// the socket. A node that can also write it (`+OK MGETSHM`) lands
-    /// the values of sized multi-gets there (see [`crate::landing`]).
+    /// the values of sized multi-gets there (see `landing.rs`).
     pub fn attach_shared(&mut self, arena: Option<&'static shm::Arena>) -> Result<()> {
         self.shared = None;
         self.landing = false;
@@ -333,7 +333,7 @@ impl Conn {
                 arena.note_attached();
                 self.shared = Some(arena);
                 self.landing =
-                    matches!(&reply, Reply::Status(s) if s == landing::ATTACHED_WRITABLE);
+                    matches!(&reply, Reply::Status(s) if s == protocol::shm::ATTACHED_WRITABLE);
             }
         }
         Ok(())

@@ -167,12 +167,7 @@ impl Cluster {
     /// up); the newest copy wins and replicas found stale are repaired.
     /// Keys whose node fails are read from their next replica.
     pub fn mget<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Bytes>>> {
-        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
-        Ok(self
-            .mget_stored(&keys)?
-            .into_iter()
-            .map(|v| v.and_then(|b| Versioned::decode(b).value))
-            .collect())
+        self.mget_values(keys, None)
     }
 
     /// [`Cluster::mget`] of values about `value_len` bytes long: a node on
@@ -184,10 +179,19 @@ impl Cluster {
         keys: &[K],
         value_len: usize,
     ) -> Result<Vec<Option<Bytes>>> {
-        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
         let stored_len = value_len.saturating_add(protocol::versioned::HEADER_LEN);
+        self.mget_values(keys, Some(stored_len))
+    }
+
+    /// The values (versions stripped) of [`Cluster::mget_stored_sized`].
+    fn mget_values<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        stored_len: Option<usize>,
+    ) -> Result<Vec<Option<Bytes>>> {
+        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
         Ok(self
-            .mget_stored_sized(&keys, Some(stored_len))?
+            .mget_stored_sized(&keys, stored_len)?
             .into_iter()
             .map(|v| v.and_then(|b| Versioned::decode(b).value))
             .collect())

@@ -2,7 +2,7 @@
 //! instead of its reply (`MGETSHM`; the read side of [`crate::shm`]).
 //!
 //! A caller that knows about how long the values it reads are (the block
-//! adapter: a chunk) asks for them with [`sized_mget`]'s request. When
+//! adapter: a chunk) asks for them with a [`SIZED_MGET`] request. When
 //! they come to at least [`MIN_LANDING`] bytes, on a connection whose node
 //! can write the arena (it answered `SHMATTACH` with `+OK MGETSHM`), the
 //! connection reserves a range of the arena for them and sends `MGETSHM
@@ -25,6 +25,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use protocol::shm::{Placement, LANDED_ALIGN, MIN_LANDED};
 use protocol::Reply;
 
 use crate::shm::{Arena, Pin};
@@ -34,27 +35,10 @@ use crate::shm::{Arena, Pin};
 /// connection sends it on, as `MGETSHM` or `MGET` (a node that saw it
 /// would answer "unknown command").
 pub(crate) const SIZED_MGET: &[u8] = b"MGET~SIZED";
-/// Values at least this long are landed by a node (its `MIN_LANDED`).
-const MIN_LANDED: usize = 1024;
-/// Each landed value takes its length rounded up to this, from a multiple
-/// of it (the node's `LANDED_ALIGN`: the device's direct-read granularity,
-/// so the node can read a value from its device straight into its place).
-const LANDED_ALIGN: usize = 512;
 /// A multi-get lands its values only when they are expected to take at
 /// least this much: random 8 KiB block reads (two 4 KiB chunks) ran about
 /// a tenth slower landed than copied (session 47 in `bench/RESULTS.md`).
 const MIN_LANDING: usize = 64 << 10;
-/// What a node that can write the arena answers `SHMATTACH`.
-pub(crate) const ATTACHED_WRITABLE: &str = "OK MGETSHM";
-
-/// `MGET~SIZED value_len key ...` for `keys`.
-pub(crate) fn sized_mget<'a>(value_len: &'a [u8], keys: &[&'a [u8]]) -> Vec<&'a [u8]> {
-    let mut req = Vec::with_capacity(keys.len() + 2);
-    req.push(SIZED_MGET);
-    req.push(value_len);
-    req.extend_from_slice(keys);
-    req
-}
 
 /// A range of the arena a node writes an `MGETSHM`'s values into.
 pub(crate) struct Landed {
@@ -159,29 +143,28 @@ pub(crate) fn rewrite<A: AsRef<[u8]>>(
 impl Landed {
     /// `reply` to this range's `MGETSHM` as the `MGET` reply it stands
     /// for: each length the node answered becomes the value it wrote,
-    /// found where the lengths before it put it.
+    /// found where [`Placement`] puts it after the lengths before it.
     pub(crate) fn values(self: &Arc<Self>, reply: Reply) -> Reply {
         let Reply::Array(items) = reply else {
             return reply;
         };
-        let mut used = 0usize;
+        let mut placement = Placement::new(self.capacity);
         let mut out = Vec::with_capacity(items.len());
         for item in items {
             match item {
                 Reply::Integer(n) => {
                     let len = usize::try_from(n).unwrap_or(usize::MAX);
-                    if used.checked_add(len).is_none_or(|end| end > self.capacity) {
+                    let Some(at) = placement.place(len) else {
                         return Reply::Error(format!(
-                            "ERR MGETSHM reply names {len} bytes at {used} of a {}-byte range",
+                            "ERR MGETSHM reply names a value of {len} bytes that does not land in its {}-byte range",
                             self.capacity
                         ));
-                    }
+                    };
                     out.push(Reply::Bulk(Bytes::from_owner(Value {
                         range: self.clone(),
-                        at: used,
+                        at,
                         len,
                     })));
-                    used = (used + len).next_multiple_of(LANDED_ALIGN);
                 }
                 other => out.push(other),
             }
@@ -195,6 +178,11 @@ mod tests {
     use super::*;
     use crate::shm::BLOCK;
 
+    /// `MGET~SIZED value_len key ...` for `keys`.
+    fn sized_mget<'a>(value_len: &'a [u8], keys: &[&'a [u8]]) -> Vec<&'a [u8]> {
+        [&[SIZED_MGET, value_len][..], keys].concat()
+    }
+
     fn arena(blocks: usize) -> &'static Arena {
         Box::leak(Box::new(Arena::new(blocks).expect("memfd")))
     }
@@ -206,25 +194,26 @@ mod tests {
         capacity: usize,
         values: &[Option<Vec<u8>>],
     ) -> Reply {
-        let mut used = 0;
+        let mut placement = Placement::new(capacity);
         Reply::Array(
             values
                 .iter()
                 .map(|v| match v {
                     None => Reply::Null,
-                    Some(v) if v.len() >= MIN_LANDED && used + v.len() <= capacity => {
-                        // SAFETY: inside the test's arena range.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                v.as_ptr(),
-                                arena.base().add(offset + used),
-                                v.len(),
-                            )
-                        };
-                        used = (used + v.len()).next_multiple_of(LANDED_ALIGN);
-                        Reply::Integer(v.len() as i64)
-                    }
-                    Some(v) => Reply::Bulk(Bytes::from(v.clone())),
+                    Some(v) => match placement.place(v.len()) {
+                        Some(at) => {
+                            // SAFETY: inside the test's arena range.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    v.as_ptr(),
+                                    arena.base().add(offset + at),
+                                    v.len(),
+                                )
+                            };
+                            Reply::Integer(v.len() as i64)
+                        }
+                        None => Reply::Bulk(Bytes::from(v.clone())),
+                    },
                 })
                 .collect(),
         )

@@ -246,19 +246,18 @@ impl Cluster {
         let jobs: Vec<(usize, Vec<Vec<&[u8]>>)> = asks
             .iter()
             .map(|(&node, ask)| {
+                let copies: &[&[u8]] = match sized {
+                    Some(len) => &[landing::SIZED_MGET, len],
+                    None => &[b"MGET"],
+                };
                 let mut reqs = Vec::with_capacity(2);
-                if !ask.copies.is_empty() {
-                    let ks: Vec<&[u8]> = ask.copies.iter().map(|&k| keys[k]).collect();
-                    reqs.push(match sized {
-                        Some(len) => landing::sized_mget(len, &ks),
-                        None => [&[&b"MGET"[..]][..], &ks].concat(),
-                    });
-                }
-                if !ask.digests.is_empty() {
-                    let mut req: Vec<&[u8]> = Vec::with_capacity(ask.digests.len() + 1);
-                    req.push(b"VMETA");
-                    req.extend(ask.digests.iter().map(|&k| keys[k]));
-                    reqs.push(req);
+                for (head, idx) in [(copies, &ask.copies), (&[&b"VMETA"[..]][..], &ask.digests)] {
+                    if !idx.is_empty() {
+                        let mut req: Vec<&[u8]> = Vec::with_capacity(idx.len() + head.len());
+                        req.extend_from_slice(head);
+                        req.extend(idx.iter().map(|&k| keys[k]));
+                        reqs.push(req);
+                    }
                 }
                 (node, reqs)
             })

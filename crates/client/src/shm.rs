@@ -37,6 +37,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
+use protocol::shm::LANDED_ALIGN;
+pub use protocol::shm::{MAGIC, REF_LEN};
 
 /// Bytes of one block: the largest payload the arena takes.
 pub const BLOCK: usize = 4 << 20;
@@ -46,12 +48,7 @@ const BLOCKS: usize = 16;
 const HEADER: usize = 4096;
 /// Room in a block is handed out in multiples of this, so every payload
 /// and landing range starts aligned for a node's direct reads into it.
-const GRANULE: usize = 512;
-/// The header's first bytes.
-pub const MAGIC: &[u8; 8] = b"LSSHM1\0\0";
-/// Bytes of a value's reference in a `VSETSHM` (offset and length, both
-/// little-endian `u64`).
-pub const REF_LEN: usize = 16;
+const GRANULE: usize = LANDED_ALIGN;
 /// Values at least this long are worth a reference.
 const MIN_REF_VALUE: usize = 1024;
 /// The environment variable that turns the arena off (`off`).

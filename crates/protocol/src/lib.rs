@@ -2,8 +2,9 @@
 //! speak it: an incremental, zero-copy request parser (multibulk and inline
 //! commands) with hard limits on every length, and a reply encoder for RESP2
 //! and RESP3; the client side (request encoding, a bounded reply decoder);
-//! and the versioned-value layout the cluster client and nodes share. It owns
-//! bytes-on-the-wire only; what commands mean is the server's business.
+//! the versioned-value layout and the shared-memory contract the cluster
+//! client and nodes share. It owns bytes-on-the-wire only; what commands
+//! mean is the server's business.
 #![deny(missing_docs)]
 
 mod decode;
@@ -11,6 +12,7 @@ mod error;
 mod parse;
 mod reply;
 mod scan;
+pub mod shm;
 pub mod versioned;
 mod wire;
 

@@ -26,7 +26,7 @@ use tokio::io::Interest;
 use tokio::sync::{oneshot, Notify};
 
 use crate::data::CallTime;
-use crate::shm::{Landing, Placer};
+use crate::shm::Landing;
 use crate::state::NodeState;
 
 /// Reads the network thread keeps in flight at most; GETs beyond go to
@@ -316,17 +316,17 @@ enum Wait {
 /// device as its read's first bytes (so it could not be read into its
 /// place: it is copied there later).
 fn places_of(to: &Landing, starts: &[GetStart]) -> Vec<Option<usize>> {
-    let mut placer = Placer::default();
+    let mut place = to.placer();
     starts
         .iter()
         .map(|s| match s {
             GetStart::Done(v) => {
-                v.as_ref().and_then(|v| placer.place(to, v.len()));
+                v.as_ref().and_then(|v| place(v.len()));
                 None
             }
-            GetStart::Read(pending, _) => placer
-                .place(to, pending.value_len())
-                .filter(|_| pending.value_starts_the_read()),
+            GetStart::Read(pending, _) => {
+                place(pending.value_len()).filter(|_| pending.value_starts_the_read())
+            }
             GetStart::Blocking => None,
         })
         .collect()

@@ -111,7 +111,7 @@ pub fn run_local(state: &NodeState, s: &mut Session, cmd: Cmd, args: &[Bytes]) -
         Cmd::Shmattach => match crate::shm::attach(s.peer_pid, args) {
             Ok(map) => {
                 let reply = if map.writable() {
-                    Reply::Simple(crate::shm::ATTACHED_WRITABLE)
+                    Reply::Simple(protocol::shm::ATTACHED_WRITABLE)
                 } else {
                     Reply::ok()
                 };

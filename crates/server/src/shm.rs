@@ -24,9 +24,10 @@
 //!
 //! `MGETSHM offset capacity key [key ...]` is an `MGET` whose values land
 //! in the client's memory instead of the reply: the node writes each value
-//! of at least [`MIN_LANDED`] bytes into `offset..offset + capacity`, one
-//! after another, each taking its length rounded up to [`LANDED_ALIGN`],
-//! while they fit, and answers that value with its length (an integer);
+//! of at least [`protocol::shm::MIN_LANDED`] bytes into `offset..offset +
+//! capacity`, one after another, each taking its length rounded up to
+//! [`LANDED_ALIGN`], while they fit ([`Placement`]), and answers that
+//! value with its length (an integer);
 //! shorter values, values that no longer fit and missing keys are answered
 //! as `MGET` would (bulk string, null). The client finds value `i` where
 //! the lengths before it put it. Values the network thread reads from the
@@ -46,27 +47,18 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use protocol::shm::{Placement, LANDED_ALIGN, MAGIC, REF_LEN};
 use protocol::Reply;
 
-/// The header a client's shared memory starts with.
-const MAGIC: &[u8; 8] = b"LSSHM1\0\0";
 /// Bytes of a token.
 const TOKEN_LEN: usize = 16;
-/// Bytes of a value's reference.
-const REF_LEN: usize = 16;
 /// The largest shared memory a connection may attach.
 const MAX_SIZE: usize = 1 << 32;
 /// The client's header page: never written by `MGETSHM`.
 const HEADER_PAGE: usize = 4096;
-/// Values at least this long land in the client's memory (`MGETSHM`);
-/// shorter ones cost less in the reply.
-pub const MIN_LANDED: usize = 1024;
-/// Landed values start at multiples of this, and each takes its length
-/// rounded up to it: the device's direct-read granularity, so a value the
-/// log holds aligned is read from the device straight into its place.
-pub const LANDED_ALIGN: usize = engine::flash::READ_ALIGN;
-/// What a node that can write the client's memory answers `SHMATTACH`.
-pub const ATTACHED_WRITABLE: &str = "OK MGETSHM";
+// Landed values are read from the device straight into their places:
+// their granule must be one of direct reads too.
+const _: () = assert!(LANDED_ALIGN.is_multiple_of(engine::flash::READ_ALIGN));
 
 /// A client's shared memory, mapped (read-write when the node could open
 /// it for writing).
@@ -313,28 +305,12 @@ pub fn landing(
     Ok((landing, mget))
 }
 
-/// Where the values of one `MGETSHM` go, in order (see the module docs).
-#[derive(Default)]
-pub struct Placer {
-    used: usize,
-}
-
-impl Placer {
-    /// The offset in the client's memory where the next value, of `len`
-    /// bytes, lands in `to`; `None` when it does not (short, or no room
-    /// left). Called for every value of the reply in order, whatever its
-    /// length, it places each one as the client expects.
-    pub fn place(&mut self, to: &Landing, len: usize) -> Option<usize> {
-        if len < MIN_LANDED {
-            return None;
-        }
-        let room = len.checked_next_multiple_of(LANDED_ALIGN)?;
-        if self.used.checked_add(room)? > to.capacity {
-            return None;
-        }
-        let at = to.offset + self.used;
-        self.used += room;
-        Some(at)
+impl Landing {
+    /// Where its values go (see [`Placement`]): each value's offset in the
+    /// client's memory, asked for every value of the reply in order.
+    pub fn placer(&self) -> impl FnMut(usize) -> Option<usize> + '_ {
+        let mut placement = Placement::new(self.capacity);
+        move |len| placement.place(len).map(|at| self.offset + at)
     }
 }
 
@@ -345,29 +321,27 @@ impl Landing {
     }
 
     /// The `MGETSHM` reply for the `MGET` reply `reply`: values of at least
-    /// [`MIN_LANDED`] bytes written into the landing range in order (see
-    /// [`Placer`]), each answered with its length; everything else as it
-    /// was (errors too). An integer in `reply` is a value already read
+    /// [`protocol::shm::MIN_LANDED`] bytes written into the landing range
+    /// in order (see [`Placement`]), each answered with its length;
+    /// everything else as it was (errors too). An integer in `reply` is a value already read
     /// into its place (`netread`): it keeps its place.
     pub fn land(&self, reply: Reply) -> Reply {
         let Reply::Array(items) = reply else {
             return reply;
         };
-        let mut placer = Placer::default();
+        let mut place = self.placer();
         let items = items
             .into_iter()
             .map(|item| match item {
                 Reply::Integer(n) => {
-                    let placed = usize::try_from(n)
-                        .ok()
-                        .and_then(|len| placer.place(self, len));
+                    let placed = usize::try_from(n).ok().and_then(&mut place);
                     debug_assert!(placed.is_some(), "a value landed where it does not fit");
                     Reply::Integer(n)
                 }
-                Reply::Bulk(v) => match placer.place(self, v.len()) {
+                Reply::Bulk(v) => match place(v.len()) {
                     Some(at) => {
                         // SAFETY: `at + len <= offset + capacity <= map.len`
-                        // (`Placer::place`, `landing`): a range of a
+                        // (`Placement::place`, `landing`): a range of a
                         // writable mapping that lives as long as `self.map`,
                         // which the client handed over until this reply.
                         unsafe {
