@@ -360,20 +360,18 @@ impl<T> ReadQueue<T> {
                 self.slots.len() - 1
             }
         };
-        let mut entry = InFlight {
-            dest: match &read.landing {
-                Some(_) => None,
-                None => Some(UninitBuf::new(read.len)),
-            },
+        // A read that lands has no buffer of its own.
+        let mut dest = None;
+        let into = match &read.landing {
+            // SAFETY: `at + len <= space.len()` (`DirectRead::land_in`).
+            Some(l) => unsafe { l.space.as_mut_ptr().add(l.at) },
+            None => dest.insert(UninitBuf::new(read.len)).as_mut_ptr(),
+        };
+        let entry = InFlight {
+            dest,
             read,
             tag,
             queued: Instant::now(),
-        };
-        let into = match (&mut entry.dest, &entry.read.landing) {
-            (Some(buf), _) => buf.as_mut_ptr(),
-            // SAFETY: `at + len <= space.len()` (`DirectRead::land_in`).
-            (None, Some(l)) => unsafe { l.space.as_mut_ptr().add(l.at) },
-            (None, None) => unreachable!("a read without a buffer lands"),
         };
         let sqe = opcode::Read::new(types::Fd(entry.read.fd), into, len)
             .offset(entry.read.offset)
