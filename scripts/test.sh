@@ -79,6 +79,8 @@ if [ -e "$URING" ]; then echo Y | $SUDO tee "$URING" >/dev/null || echo "cannot 
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The API docs build without broken or private links.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 cargo test --workspace --locked
 
 # The YCSB binding: its unit tests (the shared ring vectors among them), then

@@ -375,7 +375,7 @@ impl Conn {
 
     /// Lets later calls wait up to `limit` on a node that is slow but
     /// alive. A call that gets no answer (or cannot write its request)
-    /// within the call timeout then probes the node ([`node_answers`]): if
+    /// within the call timeout then probes the node (`node_answers`): if
     /// it answers, its device or engine is busy (a disk that stalls for a
     /// second or two under a burst of writes), the call waits another call
     /// timeout, and so on up to `limit`; if it does not, or at `limit`, the

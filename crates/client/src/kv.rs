@@ -172,7 +172,7 @@ impl Cluster {
 
     /// [`Cluster::mget`] of values about `value_len` bytes long: a node on
     /// this machine that can write the process's shared memory writes them
-    /// there instead of into its reply (see [`crate::landing`]), so they
+    /// there instead of into its reply (see `client::landing`), so they
     /// cross no socket. Same answers as `mget`.
     pub fn mget_sized<K: AsRef<[u8]>>(
         &self,

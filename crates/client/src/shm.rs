@@ -10,13 +10,13 @@
 //! 16-byte reference (offset and length) instead of its bytes. The node
 //! copies the value once, from its mapping into its log; the socket
 //! copies (the client's send, the node's receive) are gone. Reads come
-//! back the other way through the same arena ([`crate::landing`]).
+//! back the other way through the same arena (`client::landing`).
 //!
 //! Contract (what keeps the node from reading bytes the client reused):
 //! - The arena is `BLOCKS` blocks of `BLOCK` bytes after a header page
 //!   holding a random token (the node checks it, so a reused process id
 //!   cannot make it map another process's file). A block is handed out
-//!   again only when no [`Payload`] in it and no [`Pin`] on it is left.
+//!   again only when no [`Payload`] in it and no `Pin` on it is left.
 //! - A connection pins every block a request it sent names, and unpins
 //!   only when every request it sent was answered: the node has then
 //!   finished with them (it answers a `VSETSHM` after its engine copied

@@ -146,8 +146,8 @@ impl FileDevice {
     /// The capacity a new device file at `path` may have so that its file
     /// system can hold all of it: `requested`, or less when the file system
     /// (of `path`'s directory) has less free space than that, keeping back
-    /// [`HOST_MARGIN_FRACTION`] of the free space (at least
-    /// [`HOST_MARGIN_MIN`]) for the file system and other files. A sparse
+    /// `HOST_MARGIN_FRACTION` of the free space (at least
+    /// `HOST_MARGIN_MIN`) for the file system and other files. A sparse
     /// device larger than its file system would run into a full file
     /// system before it is full itself; a device that fits reports a full
     /// device instead, where deletes and GC make room. `None` when `path`

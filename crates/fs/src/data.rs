@@ -43,7 +43,7 @@ impl FileSystem {
     /// `copy_file_range(2)`: copies up to `len` bytes of `from` at `from_at`
     /// to `to` at `to_at`, inside the adapter (no data crosses FUSE, and
     /// the kernel keeps no copy in its page cache), stopping at the
-    /// source's end; returns the bytes copied, at most [`COPY_MAX`]. Where
+    /// source's end; returns the bytes copied, at most `COPY_MAX`. Where
     /// the source has no chunks (found by listing them) the destination
     /// gets a hole, so a sparse file stays sparse and its holes cost
     /// nothing to copy. The kernel has refused overlapping ranges of one

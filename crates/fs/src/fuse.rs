@@ -2,7 +2,7 @@
 //! no libfuse): each request is translated to one core call and its
 //! result or errno. Permission checks are the kernel's
 //! (`default_permissions`); attributes and entries are cached by the
-//! kernel for [`TTL`] (one mount owns the file system, so nothing else
+//! kernel for `TTL` (one mount owns the file system, so nothing else
 //! changes them behind its back).
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! Directory operations. Each is one transaction ([`Txn`]): the entries,
+//! Directory operations. Each is one transaction (`Txn`): the entries,
 //! the inodes whose link counts and times change, and reclaim marks are
 //! written as one atomic batch, so a crash never leaves a half-done
 //! rename, an entry without its inode, or a wrong link count.

@@ -8,7 +8,7 @@
 //! punched out, is a hole. An answer may call a hole data, never data a
 //! hole, since copiers skip holes: the cluster's key listing may still show
 //! a chunk deleted a moment ago (a hole then reads as data), and a
-//! `SEEK_HOLE` that meets [`HOLE_SCAN_CHUNKS`] held chunks in a row answers
+//! `SEEK_HOLE` that meets `HOLE_SCAN_CHUNKS` held chunks in a row answers
 //! the file's end, the implicit hole every file ends with. Writes the
 //! adapter still buffers are written out first, so they count as data.
 

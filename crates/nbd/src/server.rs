@@ -2,10 +2,10 @@
 //! and Unix sockets, every volume of the cluster an export by name.
 //!
 //! The handshake runs on the async runtime; then each connection gets its
-//! own blocking threads, since the cluster client blocks: [`THREADS`]
+//! own blocking threads, since the cluster client blocks: `THREADS`
 //! threads that take turns reading the requests that have arrived and
 //! running them as one batch, each writing its batch's replies itself, out
-//! of order (see [`NbdServer::transmission`]).
+//! of order (see `NbdServer::transmission`).
 //!
 //! `CAN_MULTI_CONN` is advertised because it holds: every connection to an
 //! export in this process shares one [`Blocks`] (so one set of chunk locks)
@@ -34,7 +34,7 @@ use crate::proto::{self, cflag, chunk, cmd, opt, rep, tflag, Request, REQUEST_LE
 use crate::volume::{self, Volume};
 
 /// Requests of one connection run as one batch, at most (see
-/// [`NbdServer::read_batch`]).
+/// `NbdServer::read_batch`).
 pub const MAX_BATCH_REQUESTS: usize = 64;
 /// Largest READ or WRITE payload (the protocol's interoperable maximum).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
