@@ -60,10 +60,12 @@ fn execute(db: &Db, op: &Op) -> engine::Result<()> {
 fn random_op(rng: &mut SmallRng, version: u64) -> Op {
     let keys = 120u32;
     let val = |k: u32, rng: &mut SmallRng| {
-        let len = if rng.gen_bool(0.7) {
-            rng.gen_range(1..600)
-        } else {
-            rng.gen_range(600..9000)
+        // A tenth are block chunks as the cluster stores them (a 10-byte
+        // version header, then 4 KiB): packed, not sector-aligned.
+        let len = match rng.gen_range(0..10) {
+            0..=6 => rng.gen_range(1..600),
+            7 => 4096 + 10,
+            _ => rng.gen_range(600..9000),
         };
         value_for(k, version, len)
     };

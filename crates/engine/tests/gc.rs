@@ -26,6 +26,15 @@ fn sustained_overwrites_of_aligned_values_are_reclaimed() {
     }
 }
 
+/// The same with block chunks as the cluster stores them (a 10-byte
+/// version header, then 4 KiB), which the log packs without pads.
+#[test]
+fn sustained_overwrites_of_packed_block_chunks_are_reclaimed() {
+    for dev in TestDevice::both(32) {
+        sustained_overwrites(&dev, 4096 + 10);
+    }
+}
+
 fn sustained_overwrites(dev: &TestDevice, value_len: usize) {
     let mut opts = small_opts();
     opts.background = true;

@@ -20,6 +20,7 @@ fn random_value(rng: &mut SmallRng, k: u32, version: u64) -> Vec<u8> {
         0 => 0,
         1..=5 => rng.gen_range(1..64),
         6..=8 => rng.gen_range(64..3000),
+        9 if rng.gen_bool(0.3) => 4096 + 10, // a block chunk with its version header
         _ => rng.gen_range(3000..12_000),
     };
     value_for(k, version, len)
