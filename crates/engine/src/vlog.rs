@@ -65,9 +65,10 @@ pub const VALUE_ALIGN: usize = READ_ALIGN;
 /// worst), so the pad would buy it little but the landing, at up to an
 /// eighth of its size: the cluster's values of whole blocks carry a
 /// 10-byte version header, and a block adapter's 4 KiB chunk (4,106
-/// bytes) took 4,608 bytes of log aligned and takes 4,146 unaligned;
-/// sequential block reads and writes moved a tenth fewer bytes and ran
-/// faster for it (`bench/RESULTS.md`, session 48).
+/// bytes) took 4,608 bytes of log aligned and takes 4,146 unaligned:
+/// sequential block reads and writes move a tenth fewer bytes, and the
+/// reads ran about a third faster on a disk-bound machine
+/// (`bench/RESULTS.md`, session 48).
 pub fn is_aligned_value(len: usize) -> bool {
     let short_tail = (1..=SHORT_TAIL).contains(&(len % VALUE_ALIGN));
     len >= ALIGN_ANY_VALUE_FROM || (len >= ALIGN_VALUES_FROM && !short_tail)
