@@ -899,12 +899,17 @@ mod tests {
         const N: u64 = 20_000;
         let runs = Arc::new(SortedRuns::with_limits(8, 256));
         let done = Arc::new(AtomicUsize::new(0));
+        // Merges the tidier made so far: the writer waits halfway for the
+        // first, so that a busy machine that schedules the tidier late
+        // still has it tidy while the writer inserts.
+        let merged = Arc::new(AtomicUsize::new(0));
         let tidier = {
-            let (runs, done) = (runs.clone(), done.clone());
+            let (runs, done, merged) = (runs.clone(), done.clone(), merged.clone());
             std::thread::spawn(move || {
                 let mut merges = 0;
                 while done.load(AtomicOrdering::Acquire) < N as usize {
                     merges += runs.tidy(|| true);
+                    merged.store(merges, AtomicOrdering::Release);
                 }
                 merges
             })
@@ -931,6 +936,14 @@ mod tests {
         for seq in 0..N {
             runs.insert(&put_at(&(N - seq).to_be_bytes(), seq, 0));
             done.store(seq as usize + 1, AtomicOrdering::Release);
+            if seq == N / 2 {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while merged.load(AtomicOrdering::Acquire) == 0
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::yield_now();
+                }
+            }
         }
         assert!(tidier.join().expect("tidier") > 0, "the tidier merged runs");
         reader.join().expect("reader");
