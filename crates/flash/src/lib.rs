@@ -21,6 +21,7 @@ mod error;
 mod file;
 mod iopool;
 pub mod iotime;
+mod joined;
 mod latency;
 mod nand;
 mod readqueue;
