@@ -480,7 +480,7 @@ impl Device for FileDevice {
     }
 
     /// The writes in parallel on the I/O pool, adjacent ones joined into
-    /// one `pwritev` of up to [`joined::MAX_JOINED_BYTES`] (see `joined`),
+    /// one `pwritev` of up to 4 MiB (see `joined`),
     /// none split into stripes (a job of the pool never waits for the
     /// pool). A failed joined write counts as failed from its first write.
     fn write_many(&self, writes: &[(u64, &[u8])]) -> std::result::Result<(), (usize, FlashError)> {
