@@ -5,9 +5,9 @@
 //! file system allows it; then every transfer uses an [`IO_ALIGN`]-aligned
 //! buffer (a bounce copy when the caller's is not aligned). Large writes are
 //! split into stripes written in parallel by a small [`IoPool`], and
-//! adjacent writes of one [`Device::write_many`] go out joined (`joined`). Batched
-//! reads ([`Device::read_many`]) go through the calling thread's io_uring
-//! ring (see `uring`), or the pool where io_uring is unavailable.
+//! adjacent writes of one [`Device::write_many`] go out joined (`joined`).
+//! Batched reads ([`Device::read_many`]) go through the calling thread's
+//! io_uring ring (see `uring`), or the pool where io_uring is unavailable.
 //!
 //! A regular file is created sparse. TRIM punches holes in it unless told to
 //! keep the blocks ([`FileDevice::set_punch_holes`]); `prepare` (an erase
@@ -480,9 +480,9 @@ impl Device for FileDevice {
     }
 
     /// The writes in parallel on the I/O pool, adjacent ones joined into
-    /// one `pwritev` of up to 4 MiB (see `joined`),
-    /// none split into stripes (a job of the pool never waits for the
-    /// pool). A failed joined write counts as failed from its first write.
+    /// one `pwritev` of up to 4 MiB (see `joined`), none split into stripes
+    /// (a job of the pool never waits for the pool). A failed joined write
+    /// counts as failed from its first write.
     fn write_many(&self, writes: &[(u64, &[u8])]) -> std::result::Result<(), (usize, FlashError)> {
         if writes.len() < 2 {
             return writes.first().map_or(Ok(()), |(offset, data)| {
