@@ -9,7 +9,7 @@
 //! up to [`MAX_JOINED_BYTES`] (`bench/RESULTS.md`, session 49).
 
 use std::fs::File;
-use std::io;
+use std::io::{self, IoSlice};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 
@@ -61,53 +61,42 @@ pub(crate) fn plan_runs(writes: &[(u64, &[u8])], direct: bool) -> Vec<Range<usiz
 }
 
 /// Writes `parts` back to back at `offset` with `pwritev`, resuming after
-/// short writes, until every byte is written.
+/// short writes (`IoSlice::advance_slices`, as the client's sockets do),
+/// until every byte is written.
 pub(crate) fn write_all_vectored_at(
     file: &File,
     mut offset: u64,
     parts: &[&[u8]],
 ) -> io::Result<()> {
-    let mut iovs: Vec<libc::iovec> = parts
-        .iter()
-        .filter(|p| !p.is_empty())
-        .map(|p| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect();
-    let mut first = 0;
-    while first < iovs.len() {
-        let count = (iovs.len() - first).min(MAX_JOINED_PARTS) as libc::c_int;
+    let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+    let mut left: &mut [IoSlice<'_>] = &mut slices;
+    IoSlice::advance_slices(&mut left, 0); // drops leading empty parts
+    while !left.is_empty() {
+        let count = left.len().min(MAX_JOINED_PARTS) as libc::c_int;
         let at = libc::off_t::try_from(offset)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "write offset too large"))?;
-        // SAFETY: `iovs[first..]` holds `count` valid iovecs, each pointing
-        // into a slice of `parts`, borrowed (and not mutated) for the call.
-        let n = unsafe { libc::pwritev(file.as_raw_fd(), iovs[first..].as_ptr(), count, at) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
+        // SAFETY: `IoSlice` is ABI-compatible with `iovec` on Unix;
+        // `left` holds at least `count` of them, each pointing into a slice
+        // of `parts`, borrowed (and not mutated) for the call.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                left.as_ptr().cast::<libc::iovec>(),
+                count,
+                at,
+            )
+        };
+        match n {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            n if n > 0 => {
+                offset += n as u64;
+                IoSlice::advance_slices(&mut left, n as usize);
             }
-            return Err(err);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "pwritev wrote nothing",
-            ));
-        }
-        let mut left = n as usize;
-        offset += left as u64;
-        while left > 0 {
-            let iov = &mut iovs[first];
-            if left >= iov.iov_len {
-                left -= iov.iov_len;
-                first += 1;
-            } else {
-                // SAFETY: `left < iov_len`: the advanced pointer stays in the slice.
-                iov.iov_base = unsafe { (iov.iov_base as *mut u8).add(left) } as *mut libc::c_void;
-                iov.iov_len -= left;
-                left = 0;
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
             }
         }
     }
